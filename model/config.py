@@ -1,0 +1,133 @@
+"""GPTConfig: the one typed description of a model, validated once at construction.
+
+Field names follow ../shared/spec/variants.md ("Configuration keys"): every Hydra `norm.*` key maps
+onto one flat field here, and `model.*` keys onto the shape fields. Per-variant defaults (decay,
+input step, output step) are left as None here and filled in from the variant's class, so that a
+config only states what it changes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Mapping, Optional
+
+NORM_KINDS = ("layernorm", "rmsnorm")
+DECAYS = ("none", "harmonic", "sqrt", "linear")
+EMBED_NORMS = ("none", "layer", "scalenorm")
+KEEL_FIRST = ("v1", "v2")
+DEEPNORM_INITS = ("scaled", "xavier")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message is one line naming the key and what is valid."""
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 50304
+    block_size: int = 1024
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
+    dropout: float = 0.0
+    bias: bool = True
+    # --- normalization (Hydra group `norm`) ---
+    norm: str = "pre_ln"
+    norm_kind: str = "layernorm"
+    norm_eps: float = 1e-5
+    decay: Optional[str] = None          # None: the variant's default
+    p: float = 1.0
+    geonorm_clamp: float = math.pi / 4
+    embed_norm: Optional[str] = None     # None: the variant's default
+    final_norm: Optional[bool] = None    # None: the variant's default
+    keel_first_layer: str = "v2"
+    dyt_alpha_attn: float = 0.5
+    dyt_alpha_other: float = 0.5
+    deepnorm_init: str = "scaled"
+
+    def __post_init__(self) -> None:
+        from .variants import get_variant  # late import: variants import this module
+
+        variant = get_variant(self.norm)  # raises ConfigError listing the valid names
+        self.p = float(self.p)
+        if self.decay is None:
+            self.decay = variant.default_decay
+        if self.embed_norm is None:
+            self.embed_norm = variant.default_embed_norm
+        if self.final_norm is None:
+            self.final_norm = variant.default_final_norm
+        if self.norm in ("proj_spheret", "cay_spheret"):
+            fixed = 1.0 if self.norm == "proj_spheret" else 2.0
+            if self.p != fixed:
+                raise ConfigError(f"norm.p={self.p} contradicts norm.name={self.norm} (which means p={fixed:g}); use norm=spheret to choose p")
+        self.validate()
+
+    def validate(self) -> None:
+        def bad(key: str, value: Any, valid: str) -> None:
+            raise ConfigError(f"bad config {key}={value!r}: {valid}")
+
+        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                bad(key, v, "must be a positive integer")
+        if self.n_embd % self.n_head:
+            bad("n_embd", self.n_embd, f"must be divisible by n_head={self.n_head}")
+        if not 0.0 <= self.dropout < 1.0:
+            bad("dropout", self.dropout, "must be in [0, 1)")
+        if self.norm_kind not in NORM_KINDS:
+            bad("norm.kind", self.norm_kind, f"valid: {', '.join(NORM_KINDS)}")
+        if self.decay not in DECAYS:
+            bad("norm.decay", self.decay, f"valid: {', '.join(DECAYS)}")
+        if self.embed_norm not in EMBED_NORMS:
+            bad("norm.embed_norm", self.embed_norm, f"valid: {', '.join(EMBED_NORMS)}")
+        if not isinstance(self.final_norm, bool):
+            bad("norm.final_norm", self.final_norm, "must be true or false")
+        if self.keel_first_layer not in KEEL_FIRST:
+            bad("norm.first_layer", self.keel_first_layer, f"valid: {', '.join(KEEL_FIRST)}")
+        if self.deepnorm_init not in DEEPNORM_INITS:
+            bad("norm.deepnorm_init", self.deepnorm_init, f"valid: {', '.join(DEEPNORM_INITS)}")
+        if not (self.p > 0):  # also rejects NaN
+            bad("norm.p", self.p, "must be > 0 (use .inf in YAML for the exponential map)")
+        if not (0 < self.geonorm_clamp <= math.pi):
+            bad("norm.clamp", self.geonorm_clamp, "must be in (0, pi]")
+        if not (self.norm_eps >= 0):
+            bad("norm.eps", self.norm_eps, "must be >= 0")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "GPTConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"unknown GPTConfig field(s) {unknown}: valid fields are {sorted(known)}")
+        return cls(**dict(d))
+
+    @classmethod
+    def from_hydra(cls, model_cfg: Mapping[str, Any], norm_cfg: Mapping[str, Any],
+                   vocab_size: Optional[int] = None) -> "GPTConfig":
+        """Build from the `model` and `norm` Hydra groups (OmegaConf nodes or plain dicts).
+
+        `vocab_size` is the tokenizer's; used when `model.vocab_size` is null, padded up to a
+        multiple of `model.pad_vocab_to` (GPT-2's 50257 -> 50304, as nanoGPT does, for fast matmuls).
+        """
+        m, n = dict(model_cfg), dict(norm_cfg)
+        vs = m.get("vocab_size")
+        if vs is None:
+            if vocab_size is None:
+                raise ConfigError("model.vocab_size is null and no tokenizer vocabulary size was given")
+            pad = int(m.get("pad_vocab_to") or 1)
+            vs = -(-int(vocab_size) // pad) * pad
+        elif vocab_size is not None and vs < vocab_size:
+            raise ConfigError(f"bad config model.vocab_size={vs}: smaller than the tokenizer's {vocab_size}")
+        norm_keys = {"name": "norm", "kind": "norm_kind", "eps": "norm_eps", "decay": "decay", "p": "p",
+                     "clamp": "geonorm_clamp", "embed_norm": "embed_norm", "final_norm": "final_norm",
+                     "first_layer": "keel_first_layer", "alpha_attn": "dyt_alpha_attn",
+                     "alpha_other": "dyt_alpha_other", "deepnorm_init": "deepnorm_init"}
+        unknown = sorted(set(n) - set(norm_keys))
+        if unknown:
+            raise ConfigError(f"unknown norm key(s) {unknown}: valid keys are {sorted(norm_keys)}")
+        kw = {norm_keys[k]: v for k, v in n.items()}
+        return cls(vocab_size=int(vs), block_size=m["block_size"], n_layer=m["n_layer"], n_head=m["n_head"],
+                   n_embd=m["n_embd"], dropout=float(m.get("dropout", 0.0)), bias=bool(m.get("bias", True)), **kw)
