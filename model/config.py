@@ -36,7 +36,7 @@ class GPTConfig:
     norm_kind: str = "layernorm"
     norm_eps: float = 1e-5
     decay: Optional[str] = None          # None: the variant's default
-    p: float = 1.0
+    p: Optional[float] = None            # None: the variant's default (1; fixed for proj/cay)
     geonorm_clamp: float = math.pi / 4
     embed_norm: Optional[str] = None     # None: the variant's default
     final_norm: Optional[bool] = None    # None: the variant's default
@@ -49,17 +49,21 @@ class GPTConfig:
         from .variants import get_variant  # late import: variants import this module
 
         variant = get_variant(self.norm)  # raises ConfigError listing the valid names
-        self.p = float(self.p)
+        if self.p is not None:
+            try:
+                self.p = float(self.p)
+            except (TypeError, ValueError):
+                raise ConfigError(f"bad config norm.p={self.p!r}: must be a number > 0 (.inf in YAML)") from None
+        if variant.fixed_p is not None and self.p is not None and self.p != variant.fixed_p:
+            raise ConfigError(f"bad config norm.p={self.p}: norm.name={self.norm} means p={variant.fixed_p:g}; "
+                              "use norm=spheret to choose p")
+        self.p = float(variant.fixed_p or (1.0 if self.p is None else self.p))
         if self.decay is None:
             self.decay = variant.default_decay
         if self.embed_norm is None:
             self.embed_norm = variant.default_embed_norm
         if self.final_norm is None:
             self.final_norm = variant.default_final_norm
-        if self.norm in ("proj_spheret", "cay_spheret"):
-            fixed = 1.0 if self.norm == "proj_spheret" else 2.0
-            if self.p != fixed:
-                raise ConfigError(f"norm.p={self.p} contradicts norm.name={self.norm} (which means p={fixed:g}); use norm=spheret to choose p")
         self.validate()
 
     def validate(self) -> None:

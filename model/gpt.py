@@ -1,0 +1,201 @@
+"""GPT-2 (as in nanoGPT) with the residual-stream normalization taken from a variant class.
+
+Read top to bottom: attention, MLP, KV cache, a block (two sublayers, each wrapped by the variant's
+rule), and the GPT (embeddings -> input step -> blocks -> output step -> tied LM head).
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import GPTConfig
+from .variants import Variant, get_variant
+
+
+class KVCache:
+    """Per-layer keys and values for incremental decoding. `pos` = tokens already cached."""
+
+    def __init__(self, n_layer: int, batch_size: int, max_len: int):
+        self.n_layer, self.batch_size, self.max_len = n_layer, batch_size, max_len
+        self.k: List[Optional[torch.Tensor]] = [None] * n_layer
+        self.v: List[Optional[torch.Tensor]] = [None] * n_layer
+        self.pos = 0
+
+    def reset(self) -> None:
+        self.pos = 0
+
+    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
+        """Write this step's k, v ([B, H, T, hd]) at pos..pos+T; return all cached k, v so far."""
+        B, H, T, hd = k.shape
+        if B != self.batch_size:
+            raise ValueError(f"KV cache was made for batch size {self.batch_size}, got {B}")
+        if self.pos + T > self.max_len:
+            raise ValueError(f"KV cache full: {self.pos} + {T} tokens exceed max_len={self.max_len}")
+        if self.k[layer] is None or self.k[layer].dtype != k.dtype:  # allocate lazily: dtype follows autocast
+            self.k[layer] = k.new_zeros(B, H, self.max_len, hd)
+            self.v[layer] = v.new_zeros(B, H, self.max_len, hd)
+        self.k[layer][:, :, self.pos:self.pos + T] = k
+        self.v[layer][:, :, self.pos:self.pos + T] = v
+        return self.k[layer][:, :, :self.pos + T], self.v[layer][:, :, :self.pos + T]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig, layer: int):
+        super().__init__()
+        self.layer, self.n_head, self.n_embd = layer, cfg.n_head, cfg.n_embd
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v stacked (rows)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        drop = self.dropout if self.training else 0.0
+        if cache is None or cache.pos == 0:
+            if cache is not None:
+                cache.update(self.layer, k, v)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+        else:
+            pos = cache.pos
+            k, v = cache.update(self.layer, k, v)
+            mask = None
+            if T > 1:  # new queries see the whole cache and the causal part of themselves
+                mask = torch.arange(pos + T, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Two sublayers; the variant's rule decides how each one updates the residual stream."""
+
+    def __init__(self, cfg: GPTConfig, layer: int, variant: type[Variant]):
+        super().__init__()
+        self.attn = CausalSelfAttention(cfg, layer)
+        self.mlp = MLP(cfg)
+        self.attn_rule = variant(cfg, 2 * layer)
+        self.mlp_rule = variant(cfg, 2 * layer + 1)
+
+    def forward(self, h, cache: Optional[KVCache] = None, hidden: Optional[list] = None):
+        h = self.attn_rule(h, lambda x: self.attn(x, cache))
+        if hidden is not None:
+            hidden.append(h)
+        h = self.mlp_rule(h, self.mlp)
+        if hidden is not None:
+            hidden.append(h)
+        return h
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig):
+        super().__init__()
+        self.config = config
+        variant = get_variant(config.norm)
+        self.variant = variant
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.drop = nn.Dropout(config.dropout)
+        self.input_step = variant.input_step(config)        # 1. input step
+        self.blocks = nn.ModuleList(Block(config, i, variant) for i in range(config.n_layer))  # 2. rules
+        self.output_step = variant.output_step(config)      # 3. output step
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.wte.weight = self.lm_head.weight               # weight tying, as GPT-2
+
+        # nanoGPT init: N(0, 0.02), zero biases, residual projections N(0, 0.02/sqrt(2N))
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        variant.init_weights(self)
+
+    @staticmethod
+    def _init_weights(module):
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
+                return_hidden: bool = False, kv_cache: Optional[KVCache] = None, last_only: bool = False):
+        B, T = idx.shape
+        start = kv_cache.pos if kv_cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
+        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
+        h = self.input_step(self.drop(self.wte(idx) + self.wpe(pos)))
+        hidden = [h] if return_hidden else None
+        for block in self.blocks:
+            h = block(h, kv_cache, hidden)
+        h = self.output_step(h)
+        if last_only:
+            h = h[:, -1:, :]
+        logits = self.lm_head(h)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
+        if kv_cache is not None:
+            kv_cache.pos += T
+        return (logits, loss, hidden) if return_hidden else (logits, loss)
+
+    # ---- helpers for training, evaluation and research code ----
+    def new_kv_cache(self, batch_size: int, max_len: Optional[int] = None, device=None, dtype=None) -> KVCache:
+        """An empty KV cache (storage is allocated on first use, in the attention's dtype and device)."""
+        return KVCache(self.config.n_layer, batch_size, max_len or self.config.block_size)
+
+    def num_params(self, non_embedding: bool = True) -> int:
+        """Parameter count; like nanoGPT, position embeddings are excluded by default (the token
+        embedding is tied to the LM head, so it counts as a weight)."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wpe.weight.numel() if non_embedding else n
+
+    def block_modules(self) -> List[nn.Module]:
+        return list(self.blocks)
+
+    def rules(self) -> List[Variant]:
+        """The 2N sublayer rules in order (j = 0..2N-1)."""
+        return [r for b in self.blocks for r in (b.attn_rule, b.mlp_rule)]
+
+    def set_stats_tracking(self, on: bool) -> None:
+        for r in self.rules():
+            if hasattr(r, "track"):
+                r.track = on
+                if not on:
+                    r.last_theta = None
+
+    def norm_stats(self) -> Dict[str, torch.Tensor]:
+        """Rotation angles of the last forward (tracked sublayers) and learned step sizes, as 0-d tensors."""
+        out: Dict[str, torch.Tensor] = {}
+        for j, r in enumerate(self.rules()):
+            theta = getattr(r, "last_theta", None)
+            if theta is not None:
+                out[f"angle_mean/{j}"] = theta.mean()
+                out[f"angle_max/{j}"] = theta.max()
+            for name, value in r.step_sizes().items():
+                out[f"step/{j}/{name}"] = value
+        if hasattr(self.input_step, "g"):
+            out["step/embed_g"] = self.input_step.g.detach()
+        return out
+
+    def flops_per_token(self, seq_len: Optional[int] = None) -> float:
+        """Training FLOPs per token (forward + backward), nanoGPT's estimate: 6N + 12 L d T."""
+        cfg = self.config
+        return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * (seq_len or cfg.block_size)

@@ -1,0 +1,291 @@
+"""The normalization variants: one small class each, picked by name from `VARIANTS`.
+
+A variant is three parts (../shared/spec/variants.md):
+  1. input step  `input_step(cfg)`:  what happens to the embeddings e before block 1;
+  2. sublayer rule  `forward(h, f)`:  how the stream h is updated by one sublayer f (attention or MLP);
+  3. output step `output_step(cfg)`: what happens to h before the LM head.
+One instance of the class is made per sublayer (index j = 0..2N-1, block k = j//2 + 1), so each
+sublayer owns its norms and scalars. Defaults that differ per variant (decay, input and output step)
+are class attributes that GPTConfig reads when the user leaves them unset.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, Optional, Type
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ConfigError, GPTConfig
+from .norms import DyT, make_input_step, make_norm
+from .sphere import spheret_angle, sphere_update
+
+VARIANTS: Dict[str, Type["Variant"]] = {}
+
+
+def register(name: str):
+    def deco(cls):
+        cls.name = name
+        VARIANTS[name] = cls
+        return cls
+    return deco
+
+
+def get_variant(name: str) -> Type["Variant"]:
+    if name not in VARIANTS:
+        raise ConfigError(f"unknown norm.name={name!r}: valid variants are {', '.join(VARIANTS)}")
+    return VARIANTS[name]
+
+
+def decay_factor(schedule: str, k: int, n_layer: int) -> float:
+    """Layer-wise decay lambda_k for block k (1-based): none 1, harmonic 1/k, sqrt 1/sqrt(k),
+    linear (N - k + 1)/N. Attention and MLP of block k share it (GeoNorm paper, Eq. 5)."""
+    if schedule == "none":
+        return 1.0
+    if schedule == "harmonic":
+        return 1.0 / k
+    if schedule == "sqrt":
+        return 1.0 / math.sqrt(k)
+    if schedule == "linear":
+        return (n_layer - k + 1) / n_layer
+    raise ConfigError(f"unknown norm.decay={schedule!r}: valid are none, harmonic, sqrt, linear")
+
+
+Sublayer = Callable[[torch.Tensor], torch.Tensor]
+
+
+class Variant(nn.Module):
+    """Base: Pre-LN-style defaults for the input and output steps; subclasses define `forward`."""
+
+    name = "base"
+    default_decay = "none"
+    default_embed_norm = "none"
+    default_final_norm = True
+    fixed_p: Optional[float] = None  # set by variants that are one member of the p-family
+
+    def __init__(self, cfg: GPTConfig, j: int):
+        super().__init__()
+        self.j, self.k, self.n_layer = j, j // 2 + 1, cfg.n_layer
+        self.is_attn = j % 2 == 0
+
+    def forward(self, h: torch.Tensor, f: Sublayer) -> torch.Tensor:
+        raise NotImplementedError
+
+    @classmethod
+    def input_step(cls, cfg: GPTConfig) -> nn.Module:
+        return make_input_step(cfg)
+
+    @classmethod
+    def output_step(cls, cfg: GPTConfig) -> nn.Module:
+        return make_norm(cfg) if cfg.final_norm else nn.Identity()
+
+    @classmethod
+    def init_weights(cls, model: nn.Module) -> None:
+        """Hook after nanoGPT's initialisation (DeepNorm replaces some gains)."""
+
+    def step_sizes(self) -> Dict[str, torch.Tensor]:
+        """Learned step-size scalars, for the training monitor."""
+        return {}
+
+
+@register("pre_ln")
+class PreLN(Variant):
+    """Pre-LN (GPT-2; nanoGPT): h = e;  h <- h + F(Norm(h));  output Norm(h)."""
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.norm = make_norm(cfg)
+
+    def forward(self, h, f):
+        return h + f(self.norm(h))
+
+
+@register("post_ln")
+class PostLN(Variant):
+    """Post-LN (Vaswani et al. 2017, sec. 3.1): h = e;  h <- Norm(h + F(h));  no output step."""
+
+    default_final_norm = False
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.norm = make_norm(cfg)
+
+    def forward(self, h, f):
+        return self.norm(h + f(h))
+
+
+@register("deepnorm")
+class DeepNorm(Variant):
+    """DeepNorm (Wang et al., DeepNet, arXiv 2203.00555, decoder-only constants):
+    h = e;  h <- Norm(alpha*h + F(h)), alpha = (2N)^(1/4);  no output step.
+    Init: beta = (8N)^(-1/4) < 1 on V, attention output and both MLP matrices (see init_weights)."""
+
+    default_final_norm = False
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.alpha = (2 * cfg.n_layer) ** 0.25
+        self.norm = make_norm(cfg)
+
+    def forward(self, h, f):
+        return self.norm(self.alpha * h + f(h))
+
+    @staticmethod
+    def beta(n_layer: int) -> float:
+        return (8 * n_layer) ** -0.25
+
+    @classmethod
+    def init_weights(cls, model):
+        cfg = model.config
+        beta, d = cls.beta(cfg.n_layer), cfg.n_embd
+        for block in model.blocks:
+            targets = [block.attn.c_attn.weight[2 * d:], block.attn.c_proj.weight,
+                       block.mlp.c_fc.weight, block.mlp.c_proj.weight]
+            with torch.no_grad():
+                for w in targets:  # w is [fan_out, fan_in]; the V slice has its own fan (d, d)
+                    if cfg.deepnorm_init == "xavier":
+                        std = beta * math.sqrt(2.0 / (w.shape[0] + w.shape[1]))
+                    else:  # "scaled": nanoGPT's N(0, 0.02) times beta
+                        std = 0.02 * beta
+                    w.normal_(0.0, std)
+
+
+@register("sandwich")
+class Sandwich(Variant):
+    """Sandwich-LN (Ding et al., CogView, arXiv 2105.13290):
+    h = e;  h <- h + Norm_out(F(Norm_in(h)));  output Norm(h)."""
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.norm_in = make_norm(cfg)
+        self.norm_out = make_norm(cfg)
+
+    def forward(self, h, f):
+        return h + self.norm_out(f(self.norm_in(h)))
+
+
+@register("peri_ln")
+class PeriLN(Sandwich):
+    """Peri-LN (Kim et al., arXiv 2502.02732): Sandwich's rule, plus the input step h = Norm_emb(e)."""
+
+    default_embed_norm = "layer"
+
+
+@register("keel")
+class Keel(Variant):
+    """Keel (arXiv 2601.19895): h = e;  h <- Norm_1(alpha*h + F(Norm_2(h))), alpha = 2N (sublayers);
+    no output step [choice]. First sublayers (`norm.first_layer`): v2 (default) makes sublayer 1
+    plain Pre-LN and sublayer 2 use alpha = 1; v1 makes sublayers 1 and 2 plain Pre-LN."""
+
+    default_final_norm = False
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.pre_ln = j == 0 or (j == 1 and cfg.keel_first_layer == "v1")
+        self.norm_in = make_norm(cfg)                       # Norm_2
+        if not self.pre_ln:
+            self.norm_out = make_norm(cfg)                  # Norm_1
+            self.alpha = 1.0 if j == 1 else float(2 * cfg.n_layer)
+
+    def forward(self, h, f):
+        if self.pre_ln:
+            return h + f(self.norm_in(h))
+        return self.norm_out(self.alpha * h + f(self.norm_in(h)))
+
+
+@register("pre_dyt")
+class PreDyT(Variant):
+    """Pre-DyT (Zhu et al., arXiv 2503.10622): h = e;  h <- h + F(DyT(h));  output DyT(h).
+    alpha init: `norm.alpha_attn` before attention, `norm.alpha_other` before the MLP and at the output."""
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.norm = DyT(cfg.n_embd, cfg.dyt_alpha_attn if self.is_attn else cfg.dyt_alpha_other)
+
+    def forward(self, h, f):
+        return h + f(self.norm(h))
+
+    @classmethod
+    def output_step(cls, cfg):
+        return DyT(cfg.n_embd, cfg.dyt_alpha_other) if cfg.final_norm else nn.Identity()
+
+
+class _SphereVariant(Variant):
+    """Shared plumbing of the sphere family: F sees h directly, the update is a rotation of h."""
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.lam = decay_factor(cfg.decay, self.k, cfg.n_layer)
+        self.track = False                       # the monitor turns this on at stats steps
+        self.last_theta: Optional[torch.Tensor] = None
+
+    def angle(self, r: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, h, f):
+        h_new, theta = sphere_update(h, f(h), self.angle)
+        if self.track:
+            self.last_theta = theta.detach()
+        return h_new
+
+
+@register("geonorm")
+class GeoNorm(_SphereVariant):
+    """GeoNorm (Zheng et al., arXiv 2601.22095, Eq. 3-5 and Appendix D): h = e [choice];
+    v = s - (<s,h>/||h||^2) h;  theta0 = min(c, ||v||/||h||);  theta = min(c, (a*theta0 + b)*lambda_k);
+    h <- cos(theta) h + sin(theta) ||h|| v/||v||;  output Norm(h) [choice].
+    a (init 1) and b (init 0) are learnable float scalars per sublayer; lambda_k from `norm.decay`."""
+
+    default_decay = "harmonic"
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.clamp = cfg.geonorm_clamp
+        self.a = nn.Parameter(torch.tensor(1.0))
+        self.b = nn.Parameter(torch.tensor(0.0))
+
+    def angle(self, r):
+        theta0 = r.clamp(max=self.clamp)                           # clamp before decay
+        return ((self.a * theta0 + self.b) * self.lam).clamp(max=self.clamp)  # and after
+
+    def step_sizes(self):
+        return {"a": self.a.detach(), "b": self.b.detach()}
+
+
+@register("spheret")
+class SpheretNorm(_SphereVariant):
+    """p-SpheretNorm (Sphere Retraction Normalizations, arXiv 2608.02668):
+    input step ScaleNorm h = g sqrt(d) e/||e||;  z = s - (<s,h>/||h||^2) h;
+    beta = alpha_k lambda_k ||z||/||h||;  theta = p atan(beta/p) (theta = beta for p = inf);
+    h <- cos(theta) h + sin(theta) ||h|| z/||z||;  output Norm(h) [choice].
+    alpha_k = softplus(rho) per sublayer, initialised to 1; lambda_k = 1/sqrt(k) by default."""
+
+    default_decay = "sqrt"
+    default_embed_norm = "scalenorm"
+    _RHO_INIT = math.log(math.e - 1.0)  # softplus(rho) = 1
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.p = cfg.p
+        self.rho = nn.Parameter(torch.tensor(self._RHO_INIT))
+
+    def angle(self, r):
+        return spheret_angle(F.softplus(self.rho) * self.lam * r, self.p)
+
+    def step_sizes(self):
+        return {"alpha": F.softplus(self.rho.detach())}
+
+
+@register("proj_spheret")
+class ProjSpheretNorm(SpheretNorm):
+    """1-SpheretNorm: the metric-projection retraction ||h|| (h+u)/||h+u|| (p = 1)."""
+
+    fixed_p = 1.0
+
+
+@register("cay_spheret")
+class CaySpheretNorm(SpheretNorm):
+    """2-SpheretNorm: the Cayley retraction (p = 2)."""
+
+    fixed_p = 2.0
