@@ -50,6 +50,8 @@ class GPTConfig:
 
         variant = get_variant(self.norm)  # raises ConfigError listing the valid names
         if self.p is not None:
+            if isinstance(self.p, str) and self.p.strip().lower() in (".inf", "+.inf"):
+                self.p = math.inf  # YAML's spelling, also accepted on the command line
             try:
                 self.p = float(self.p)
             except (TypeError, ValueError):

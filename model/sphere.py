@@ -64,7 +64,9 @@ def retract(h: torch.Tensor, u: torch.Tensor, p: float) -> torch.Tensor:
     """p-family retraction of `h` along the (already scaled, tangent) update `u`: rotation by
     spheret_angle(||u||/||h||, p) in the plane of h and u, keeping ||h|| (SpheretNorm paper)."""
     h32, u32 = _acc(h), _acc(u)
-    beta = _dot(u32, u32).sqrt() / _dot(h32, h32).sqrt().clamp_min(_TINY)
+    uu = _dot(u32, u32)
+    n_u = torch.where(uu > 0, uu, torch.ones_like(uu)).sqrt()  # sqrt'(0) is infinite: mask u = 0
+    beta = torch.where(uu > 0, n_u, torch.zeros_like(uu)) / _dot(h32, h32).sqrt().clamp_min(_TINY)
     return rotate(h, u, spheret_angle(beta, p))
 
 

@@ -1,0 +1,382 @@
+"""The GPT and every normalization variant, against ../shared/spec/variants.md."""
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model import GPT, GPTConfig, VARIANTS, ConfigError
+from model.norms import LayerNorm
+from model.variants import DeepNorm, decay_factor
+
+ROOT = Path(__file__).resolve().parents[1]
+SPHERE = ["geonorm", "spheret", "proj_spheret", "cay_spheret"]
+V, T, D, N = 256, 16, 32, 2
+
+
+def tiny(norm, **kw):
+    base = dict(vocab_size=V, block_size=T, n_layer=N, n_head=2, n_embd=D, norm=norm)
+    base.update(kw)
+    return GPTConfig(**base)
+
+
+def build(norm, seed=0, **kw):
+    torch.manual_seed(seed)
+    return GPT(tiny(norm, **kw))
+
+
+def batch(b=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, V, (b, T), generator=g), torch.randint(0, V, (b, T), generator=g)
+
+
+def expected_params(norm, d=D, n=N, v=V, t=T, first_layer="v2"):
+    """Parameter count from the spec's rules (LayerNorm with bias: 2d; DyT: 2d + 1)."""
+    body = v * d + t * d + n * (d * 3 * d + 3 * d + d * d + d + d * 4 * d + 4 * d + 4 * d * d + d)
+    ln, sub = 2 * d, 2 * n
+    extra = {
+        "pre_ln": (sub + 1) * ln, "post_ln": sub * ln, "deepnorm": sub * ln,
+        "sandwich": (2 * sub + 1) * ln, "peri_ln": (2 * sub + 2) * ln,
+        "keel": (1 + 2 * (sub - 1)) * ln if first_layer == "v2" else (2 + 2 * (sub - 2)) * ln,
+        "pre_dyt": (sub + 1) * (2 * d + 1),
+        "geonorm": 2 * sub + ln,
+        "spheret": sub + 1 + ln, "proj_spheret": sub + 1 + ln, "cay_spheret": sub + 1 + ln,
+    }[norm]
+    return body + extra
+
+
+@pytest.mark.parametrize("norm", list(VARIANTS))
+def test_every_variant_forward_backward_loss_params_hidden(norm):
+    model = build(norm)
+    x, y = batch()
+    logits, loss, hidden = model(x, y, return_hidden=True)
+    assert logits.shape == (4, T, V)
+    assert torch.isfinite(logits).all() and torch.isfinite(loss)
+    assert abs(loss.item() - math.log(V)) < 0.3
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert model.num_params(non_embedding=False) == expected_params(norm)
+    assert model.num_params() == expected_params(norm) - T * D
+    assert len(hidden) == 2 * N + 1 and all(h.shape == (4, T, D) for h in hidden)
+    logits_last, none = model(x, last_only=True)
+    assert none is None and torch.allclose(logits_last, logits[:, -1:], atol=1e-6)
+
+
+@pytest.mark.parametrize("norm", list(VARIANTS))
+def test_every_variant_under_bf16_autocast(norm):
+    model = build(norm)
+    x, y = batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logits, loss, hidden = model(x, y, return_hidden=True)
+    assert torch.isfinite(loss) and abs(loss.item() - math.log(V)) < 0.3
+    assert all(h.dtype == torch.float32 for h in hidden)  # the stream stays float32
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    if norm in SPHERE:  # rotation math in float32 keeps the norm even with bf16 sublayer outputs
+        n = torch.stack([h.norm(dim=-1) for h in hidden])
+        assert ((n - n[0]).abs() / n[0]).max() < 1e-5
+
+
+def _perturb_sphere_scalars(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for r in model.rules():
+            if hasattr(r, "a"):
+                r.a.fill_(2.0 + torch.rand((), generator=g).item())
+                r.b.fill_(0.3 + 0.2 * torch.rand((), generator=g).item())
+            if hasattr(r, "rho"):
+                r.rho.fill_(2.0 + torch.rand((), generator=g).item())
+        for b in model.blocks:  # sublayer outputs comparable to the stream: O(1) rotation angles
+            b.attn.c_proj.weight.mul_(30.0)
+            b.mlp.c_proj.weight.mul_(30.0)
+
+
+@pytest.mark.parametrize("norm", SPHERE)
+@pytest.mark.parametrize("trained_scalars", [False, True])
+def test_sphere_family_preserves_norm_every_sublayer(norm, trained_scalars):
+    model = build(norm, n_layer=4)
+    if trained_scalars:  # O(1) angles, b != 0: not only the init
+        _perturb_sphere_scalars(model)
+        model.set_stats_tracking(True)
+    x, _ = batch()
+    _, _, hidden = model(x, return_hidden=True)
+    n0 = hidden[0].norm(dim=-1)
+    for j, h in enumerate(hidden[1:]):
+        assert ((h.norm(dim=-1) - n0).abs() / n0).max() < 1e-5, f"sublayer {j}"
+    if norm != "geonorm":  # ScaleNorm input step: radius sqrt(d)
+        assert torch.allclose(n0, torch.full_like(n0, math.sqrt(D)), rtol=1e-5)
+    if trained_scalars:
+        stats = model.norm_stats()
+        assert max(stats[f"angle_max/{j}"].item() for j in range(8)) > 0.3
+        assert all(f"angle_mean/{j}" in stats for j in range(8))
+
+
+def test_sphere_stats_keys_and_tracking_off_by_default():
+    model = build("geonorm")
+    model(batch()[0])
+    stats = model.norm_stats()
+    assert not any(k.startswith("angle") for k in stats)
+    assert stats["step/0/a"].item() == 1.0 and stats["step/3/b"].item() == 0.0
+    sph = build("spheret")
+    assert sph.norm_stats()["step/0/alpha"].item() == pytest.approx(1.0)
+    assert sph.norm_stats()["step/embed_g"].item() == 1.0
+
+
+def test_geonorm_clamp_before_and_after_decay():
+    model = build("geonorm", n_layer=4)
+    c = math.pi / 4
+    rules = model.rules()
+    big, mid = torch.tensor([[10.0]]), torch.tensor([[0.5]])
+    # before: r = 10 is clamped to c, then decayed: block 2 gives c/2 (unclamped it would be 5 -> c)
+    assert rules[2].angle(big).item() == pytest.approx(c / 2)
+    # after: a = 10 makes (a*0.5)*(1/2) = 2.5, clamped to c
+    with torch.no_grad():
+        rules[2].a.fill_(10.0)
+    assert rules[2].angle(mid).item() == pytest.approx(c)
+    # block 1, sublayer MLP shares lambda_1 = 1
+    assert rules[1].angle(mid).item() == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("schedule,expected", [
+    ("harmonic", [1, 1 / 2, 1 / 3, 1 / 4]), ("sqrt", [1, 2 ** -0.5, 3 ** -0.5, 0.5]),
+    ("linear", [1, 3 / 4, 2 / 4, 1 / 4]), ("none", [1, 1, 1, 1])])
+@pytest.mark.parametrize("norm", ["geonorm", "spheret"])
+def test_decay_factors_per_block(norm, schedule, expected):
+    model = build(norm, n_layer=4, decay=schedule)
+    lams = [r.lam for r in model.rules()]
+    assert lams == pytest.approx([e for e in expected for _ in range(2)])
+    assert [decay_factor(schedule, k, 4) for k in (1, 2, 3, 4)] == pytest.approx(expected)
+
+
+def test_variant_default_decays_and_steps():
+    assert tiny("geonorm").decay == "harmonic" and tiny("spheret").decay == "sqrt"
+    assert tiny("pre_ln").decay == "none"
+    assert tiny("spheret").embed_norm == "scalenorm" and tiny("peri_ln").embed_norm == "layer"
+    assert not tiny("post_ln").final_norm and not tiny("keel").final_norm and tiny("geonorm").final_norm
+    assert tiny("cay_spheret").p == 2.0 and tiny("proj_spheret").p == 1.0 and tiny("spheret", p=math.inf).p == math.inf
+
+
+def test_geonorm_scalars_are_float_parameters_with_gradients():
+    model = build("geonorm")
+    _perturb_sphere_scalars(model)
+    x, y = batch()
+    model(x, y)[1].backward()
+    for r in model.rules():
+        for p in (r.a, r.b):
+            assert isinstance(p, nn.Parameter) and p.dtype == torch.float32 and p.dim() == 0
+            assert p.grad is not None and p.grad.abs().item() > 0
+
+
+def test_spheret_alpha_is_softplus_initialised_to_one():
+    model = build("spheret")
+    for r in model.rules():
+        assert F.softplus(r.rho).item() == pytest.approx(1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("n_layer", [2, 4, 6])
+def test_deepnorm_constants(n_layer):
+    model = build("deepnorm", n_layer=n_layer)
+    assert all(r.alpha == pytest.approx((2 * n_layer) ** 0.25) for r in model.rules())
+    beta = DeepNorm.beta(n_layer)
+    assert beta == pytest.approx((8 * n_layer) ** -0.25) and beta < 1
+
+
+@pytest.mark.parametrize("init", ["scaled", "xavier"])
+def test_deepnorm_beta_applies_to_exactly_v_o_mlp(init):
+    n, d = 4, 128
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=n, n_head=4, n_embd=d, norm="deepnorm", deepnorm_init=init))
+    beta = DeepNorm.beta(n)
+
+    def want(fan_out, fan_in):
+        return 0.02 * beta if init == "scaled" else beta * math.sqrt(2 / (fan_in + fan_out))
+
+    for b in model.blocks:
+        w = b.attn.c_attn.weight
+        stds = {"q": w[:d].std(), "k": w[d:2 * d].std(), "v": w[2 * d:].std(), "o": b.attn.c_proj.weight.std(),
+                "fc": b.mlp.c_fc.weight.std(), "proj": b.mlp.c_proj.weight.std()}
+        assert stds["q"].item() == pytest.approx(0.02, rel=0.05)  # query and key keep gain 1
+        assert stds["k"].item() == pytest.approx(0.02, rel=0.05)
+        assert stds["v"].item() == pytest.approx(want(d, d), rel=0.05)
+        assert stds["o"].item() == pytest.approx(want(d, d), rel=0.05)
+        assert stds["fc"].item() == pytest.approx(want(4 * d, d), rel=0.05)
+        assert stds["proj"].item() == pytest.approx(want(d, 4 * d), rel=0.05)
+
+
+@pytest.mark.parametrize("first", ["v1", "v2"])
+def test_keel_alpha_and_first_sublayers(first):
+    model = build("keel", n_layer=3, keel_first_layer=first)
+    rules = model.rules()
+    h = torch.randn(2, T, D)
+    f = lambda x: 0.5 * x + 1.0  # noqa: E731  a stand-in sublayer
+    # sublayer 1: plain Pre-LN in both versions
+    assert torch.allclose(rules[0](h, f), h + f(rules[0].norm_in(h)))
+    if first == "v2":  # sublayer 2: alpha = 1 with the outer norm
+        assert torch.allclose(rules[1](h, f), rules[1].norm_out(h + f(rules[1].norm_in(h))))
+    else:
+        assert torch.allclose(rules[1](h, f), h + f(rules[1].norm_in(h)))
+    for r in rules[2:]:
+        assert r.alpha == 2 * 3
+        assert torch.allclose(r(h, f), r.norm_out(6 * h + f(r.norm_in(h))))
+    assert model.num_params(non_embedding=False) == expected_params("keel", n=3, first_layer=first)
+
+
+def test_peri_ln_is_sandwich_plus_embedding_norm():
+    peri, sand = build("peri_ln"), build("sandwich")
+    assert isinstance(peri.input_step, LayerNorm) and isinstance(sand.input_step, nn.Identity)
+    sd = {k: v for k, v in peri.state_dict().items() if not k.startswith("input_step.")}
+    sand.load_state_dict(sd)  # same parameters apart from the embedding norm
+    x, _ = batch()
+    e = peri.wte(x) + peri.wpe(torch.arange(T))
+    got = peri(x)[0]
+    # feeding Norm_emb(e) as the "embedding" of the sandwich model must reproduce peri_ln
+    h = peri.input_step(e)
+    for b in sand.blocks:
+        h = b(h)
+    assert torch.allclose(got, sand.lm_head(sand.output_step(h)), atol=1e-5)
+    assert not torch.allclose(got, sand(x)[0], atol=1e-3)
+
+
+def test_post_ln_outputs_are_normalized_rows():
+    model = build("post_ln", norm_eps=0.0)  # eps is comparable to the tiny embeddings' variance
+    _, _, hidden = model(batch()[0], return_hidden=True)
+    for h in hidden[1:]:
+        assert torch.allclose(h.mean(-1), torch.zeros(h.shape[:2]), atol=1e-5)
+        assert torch.allclose(h.var(-1, unbiased=False), torch.ones(h.shape[:2]), atol=1e-3)
+
+
+def test_rmsnorm_kind_everywhere():
+    model = build("sandwich", norm_kind="rmsnorm")
+    norms = [m for m in model.modules() if m.__class__.__name__ in ("LayerNorm", "RMSNorm")]
+    assert norms and all(m.__class__.__name__ == "RMSNorm" for m in norms)
+
+
+class NanoGPTBlock(nn.Module):
+    """nanoGPT's Block written independently (explicit softmax attention)."""
+
+    def __init__(self, d, h):
+        super().__init__()
+        self.h = h
+        self.ln_1, self.ln_2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.c_attn, self.c_proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.c_fc, self.mlp_proj = nn.Linear(d, 4 * d), nn.Linear(4 * d, d)
+
+    def attn(self, x):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.h, C // self.h).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.h)
+        att = att.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf")).softmax(-1)
+        return self.c_proj((att @ v).transpose(1, 2).reshape(B, T, C))
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
+
+
+def test_pre_ln_matches_independent_nanogpt():
+    model = build("pre_ln")
+    ref = [NanoGPTBlock(D, 2) for _ in range(N)]
+    for b, r in zip(model.blocks, ref):
+        r.ln_1.load_state_dict(b.attn_rule.norm.state_dict())
+        r.ln_2.load_state_dict(b.mlp_rule.norm.state_dict())
+        r.c_attn.load_state_dict(b.attn.c_attn.state_dict())
+        r.c_proj.load_state_dict(b.attn.c_proj.state_dict())
+        r.c_fc.load_state_dict(b.mlp.c_fc.state_dict())
+        r.mlp_proj.load_state_dict(b.mlp.c_proj.state_dict())
+    x, _ = batch()
+    h = model.wte(x) + model.wpe(torch.arange(T))
+    for r in ref:
+        h = r(h)
+    expected = F.linear(F.layer_norm(h, (D,), model.output_step.weight, model.output_step.bias), model.wte.weight)
+    assert torch.allclose(model(x)[0], expected, atol=1e-5)
+
+
+@pytest.mark.parametrize("index", ["sublayer", "block"])
+def test_pre_ln_rescaled_recursion(index):
+    """GeoNorm paper sec. 3.3 / App. B: x_j = sqrt(j/(j+1)) x_{j-1} + phi_j(Norm(x_{j-1}))/sqrt(j+1)."""
+    torch.manual_seed(0)
+    model = GPT(tiny("pre_ln", norm_eps=0.0, n_layer=3)).double()
+    x, _ = batch()
+    with torch.no_grad():
+        h = model.wte(x) + model.wpe(torch.arange(T))
+        for j, (rule, f) in enumerate([(r, s) for b in model.blocks for r, s in ((b.attn_rule, b.attn), (b.mlp_rule, b.mlp))], 1):
+            i = j if index == "sublayer" else (j + 1) // 2
+            h = math.sqrt(i / (i + 1)) * h + f(rule.norm(h)) / math.sqrt(i + 1)
+        rescaled = model.lm_head(model.output_step(h))
+        direct = model(x)[0]
+    rel = ((rescaled - direct).norm() / direct.norm()).item()
+    if index == "sublayer":
+        assert rel < 1e-5
+    else:  # the block index is the wrong reading: visibly different
+        assert rel > 1e-2
+
+
+def test_kv_cache_incremental_equals_full_forward():
+    for norm in ("pre_ln", "geonorm", "spheret"):
+        model = build(norm).eval()
+        x, _ = batch(b=2)
+        full = model(x)[0]
+        cache = model.new_kv_cache(2)
+        parts = [model(x[:, :5], kv_cache=cache)[0], model(x[:, 5:6], kv_cache=cache)[0], model(x[:, 6:], kv_cache=cache)[0]]
+        assert cache.pos == T
+        assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
+        with pytest.raises(ValueError, match="block_size"):
+            model(x[:, :1], kv_cache=cache)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(norm="layer_norm"), "unknown norm.name='layer_norm': valid variants are pre_ln, post_ln"),
+    (dict(norm="spheret", p=0.0), "norm.p"),
+    (dict(norm="spheret", p=-1.0), "norm.p"),
+    (dict(norm="spheret", p="abc"), "norm.p"),
+    (dict(norm="cay_spheret", p=3.0), "norm.p"),
+    (dict(n_embd=30, n_head=4), "n_embd=30.*divisible by n_head=4"),
+    (dict(decay="cubic"), "norm.decay='cubic'.*harmonic"),
+    (dict(norm_kind="batchnorm"), "norm.kind='batchnorm'.*layernorm, rmsnorm"),
+    (dict(keel_first_layer="v3"), "norm.first_layer"),
+    (dict(embed_norm="xyz"), "norm.embed_norm"),
+])
+def test_bad_config_fails_at_construction_with_one_line(kw, match):
+    base = dict(vocab_size=V, block_size=T, n_layer=N, n_head=2, n_embd=D)
+    base.update(kw)
+    with pytest.raises(ConfigError, match=match) as err:
+        GPTConfig(**base)
+    assert "\n" not in str(err.value)
+
+
+def test_config_round_trip_and_from_hydra_pads_vocab():
+    cfg = tiny("spheret", p=math.inf)
+    assert GPTConfig.from_dict(cfg.to_dict()) == cfg
+    model_cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=None, pad_vocab_to=64)
+    c = GPTConfig.from_hydra(model_cfg, dict(name="geonorm", clamp=0.5, decay="sqrt"), vocab_size=50257)
+    assert c.vocab_size == 50304 and c.geonorm_clamp == 0.5 and c.decay == "sqrt"
+    with pytest.raises(ConfigError, match="unknown norm key"):
+        GPTConfig.from_hydra(model_cfg, dict(name="geonorm", clmap=0.5), vocab_size=257)
+
+
+def test_hydra_compose_every_norm_with_every_model():
+    from hydra import compose, initialize_config_dir
+    models = sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml"))
+    norms = sorted(p.stem for p in (ROOT / "configs" / "norm").glob("*.yaml"))
+    assert set(norms) == set(VARIANTS)
+    assert {"tiny", "gpt_125m", "gpt_350m", "gpt_760m", "gpt_1_3b"} <= set(models)
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        for m in models:
+            for n in norms:
+                cfg = compose(overrides=[f"+model={m}", f"+norm={n}"])
+                c = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=50257)
+                assert c.norm == n and c.n_layer == cfg.model.n_layer
+        for spelling in ("inf", ".inf"):  # Hydra's override grammar reads inf; YAML spells it .inf
+            inf = compose(overrides=["+model=tiny", "+norm=spheret", f"norm.p={spelling}"])
+            assert GPTConfig.from_hydra(inf.model, inf.norm, vocab_size=257).p == math.inf
+    sizes = {"gpt_125m": 124e6, "gpt_350m": 355e6, "gpt_760m": 774e6, "gpt_1_3b": 1.31e9}
+    with torch.device("meta"):  # parameter counts of the presets without allocating them
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+            for m, n in sizes.items():
+                cfg = compose(overrides=[f"+model={m}", "+norm=pre_ln"])
+                count = GPT(GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=50257)).num_params()
+                assert count == pytest.approx(n, rel=0.03), m
