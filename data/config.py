@@ -1,0 +1,114 @@
+"""Typed, validated data config (the `data` Hydra group). Validated once; errors are one line."""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+
+class DataError(ValueError):
+    """Bad data config or input; the message is one line naming the key/file and what is valid."""
+
+
+SOURCES = ("pydocs", "hf", "local")
+SAMPLE_BY = ("document", "paragraph", "line")
+
+
+@dataclass
+class DataConfig:
+    name: str
+    tokenizer: str = "bytes"
+    root: str = "data_cache"          # prepared data root; the yaml default reads env NANONORM_DATA
+    source: str = "pydocs"            # pydocs | hf | local
+    # hf: datasets.load_dataset(path, name=subset, revision=revision, split=split, streaming=streaming)
+    path: str | None = None
+    subset: str | None = None
+    revision: str | None = None
+    split: str = "train"
+    val_split: str | None = None      # the dataset's own validation split; null: hold out val_fraction
+    text_column: str = "text"
+    streaming: bool = False
+    cache_dir: str | None = None      # datasets cache (HF_DATASETS_CACHE if null)
+    # local: globs of .txt / .jsonl / .json / .parquet files (one format per dataset)
+    files: list[str] | None = None
+    val_files: list[str] | None = None
+    txt_sample_by: str = "document"   # .txt: one document per file | paragraph | line
+    # split and shards
+    val_fraction: float = 0.0005      # held-out fraction of DOCUMENTS (when there is no val split)
+    split_seed: int = 1337
+    shard_size: int = 100_000_000     # tokens per shard (llm.c uses 100M)
+    max_docs: int | None = None       # cap on documents read (quick runs); null = all
+    num_workers: int | None = None    # tokenizer processes; null = all cores
+    batch_docs: int = 256             # documents per worker task
+
+    # keys that change the prepared tokens: recorded in meta.json, compared on reuse
+    CONTENT_KEYS = ("tokenizer", "source", "path", "subset", "revision", "split", "val_split", "text_column",
+                    "files", "val_files", "txt_sample_by", "val_fraction", "split_seed", "shard_size", "max_docs")
+
+    @classmethod
+    def from_any(cls, cfg: Any) -> "DataConfig":
+        if isinstance(cfg, DataConfig):
+            return cfg
+        try:
+            from omegaconf import DictConfig, OmegaConf
+            if isinstance(cfg, DictConfig):
+                cfg = OmegaConf.to_container(cfg, resolve=True)
+        except ImportError:
+            pass
+        if not isinstance(cfg, dict):
+            raise DataError(f"data config must be a mapping, got {type(cfg).__name__}")
+        valid = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - valid)
+        if unknown:
+            raise DataError(f"data.{unknown[0]} is not a data config key; valid: {', '.join(sorted(valid))}")
+        if "name" not in cfg:
+            raise DataError("data.name is required")
+        self = cls(**cfg)
+        self._validate()
+        return self
+
+    def _validate(self) -> None:
+        def bad(key, why):
+            raise DataError(f"data.{key}={getattr(self, key)!r}: {why}")
+
+        for key in ("name", "tokenizer", "root", "source", "split", "text_column", "txt_sample_by"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                bad(key, "must be a non-empty string")
+        if self.source not in SOURCES:
+            bad("source", f"valid: {', '.join(SOURCES)}")
+        if self.txt_sample_by not in SAMPLE_BY:
+            bad("txt_sample_by", f"valid: {', '.join(SAMPLE_BY)}")
+        for key in ("files", "val_files"):
+            v = getattr(self, key)
+            if isinstance(v, str):
+                setattr(self, key, [v])
+            elif v is not None and not (isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v)):
+                bad(key, "must be a glob or a list of globs")
+        if self.source == "hf" and not self.path:
+            bad("path", "source=hf needs a dataset path, e.g. HuggingFaceFW/fineweb-edu")
+        if self.source == "local" and not self.files:
+            bad("files", "source=local needs data.files (a glob or list of globs of .txt/.jsonl/.parquet)")
+        if not isinstance(self.val_fraction, (int, float)) or not 0 <= self.val_fraction < 1:
+            bad("val_fraction", "must be in [0, 1)")
+        for key, lo in (("shard_size", 1), ("batch_docs", 1), ("split_seed", 0)):
+            v = getattr(self, key)
+            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
+                bad(key, f"must be an integer >= {lo}")
+        for key in ("max_docs", "num_workers"):
+            v = getattr(self, key)
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+                bad(key, "must be null or an integer >= 1")
+        if not isinstance(self.streaming, bool):
+            bad("streaming", "must be true or false")
+
+    @property
+    def out_dir(self) -> Path:
+        """<root>/<name>[-<subset>]-<tokenizer>: tokenizers and subsets never share a directory."""
+        parts = [self.name] + ([self.subset] if self.subset else []) + [self.tokenizer]
+        return Path(os.path.expanduser(self.root)) / "-".join(parts)
+
+    def content(self) -> dict:
+        d = dataclasses.asdict(self)
+        return {k: d[k] for k in self.CONTENT_KEYS}

@@ -1,0 +1,396 @@
+"""Tokenize a corpus into llm.c shards: `python -m data.prepare data=openwebtext data.tokenizer=gpt2`.
+
+Pipeline: the main process reads documents in a fixed order and assigns each to train/val; worker
+processes tokenize batches (eot before each document); results come back IN ORDER and stream into a
+shard buffer of `shard_size` tokens per split. Memory is bounded by one shard per split plus a few batches
+in flight, whatever the corpus size. Shards are written to a temp name then renamed. Every finished shard
+(and every 30 s) a checkpoint (`progress.json` + append-only per-split tail files holding the tokens not
+yet in a shard) is written, so an interrupted run resumes where it stopped; on resume the finished shards
+are checked against the sha256 recorded for them. `meta.json` is written last: its presence means done.
+"""
+from __future__ import annotations
+
+import collections
+import fcntl
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from .config import DataConfig, DataError
+from .shards import HEADER_BYTES, MAGIC, MAX_VOCAB, TOKEN_DTYPE, VERSION, sha256_file, shard_name, write_shard
+from .sources import open_streams
+from .tokenizer import get_tokenizer
+
+META_FORMAT = "nanonorm-data"
+PROGRESS = "progress.json"
+CHECKPOINT_EVERY_S = 30.0
+
+
+# ------------------------------------------------------------------------------------------ val split
+def held_out(doc_index: np.ndarray, seed: int, fraction: float) -> np.ndarray:
+    """Whether each document (by its index in the source order) is validation: a splitmix64 hash of
+    (seed, index), so the assignment is independent of batching, workers and resume."""
+    with np.errstate(over="ignore"):
+        x = doc_index.astype(np.uint64) + np.uint64(seed + 1) * np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        x = x ^ (x >> np.uint64(31))
+    return (x >> np.uint64(11)).astype(np.float64) * (1.0 / 2 ** 53) < fraction
+
+
+# -------------------------------------------------------------------------------------------- workers
+_TOK = None
+
+
+def _init_worker(tokenizer_name: str) -> None:
+    global _TOK
+    _TOK = get_tokenizer(tokenizer_name)
+
+
+def _encode_task(task: list[tuple[str, list[str]]]) -> list[tuple[str, np.ndarray, int]]:
+    out = []
+    for split, texts in task:
+        ids, _ = _TOK.encode_docs(texts)
+        out.append((split, ids.astype(TOKEN_DTYPE), len(texts)))  # ids < vocab_size <= 2**16, checked
+    return out
+
+
+# --------------------------------------------------------------------------------------- split writer
+class SplitWriter:
+    """Streams one split's tokens into fixed-size shards. The tokens not yet in a shard live in a
+    preallocated buffer and are mirrored to an append-only tail file for resume."""
+
+    def __init__(self, out: Path, split: str, shard_size: int, state: dict | None = None):
+        self.out, self.split, self.shard_size = out, split, shard_size
+        self.buf = np.empty(shard_size, dtype=TOKEN_DTYPE)  # untouched pages cost no memory
+        self.n = 0
+        self.tail_path = out / f".{split}.tail"
+        self.shards = list(state["shards"]) if state else []
+        self.docs = state["docs"] if state else 0
+        self.tokens = state["tokens"] if state else 0
+        self.tail_hash = hashlib.sha256()
+        if state and state["tail_tokens"]:
+            tail = np.fromfile(self.tail_path, dtype=TOKEN_DTYPE, count=state["tail_tokens"])
+            self.buf[:tail.size] = tail
+            self.n = tail.size
+            self.tail_hash.update(tail.tobytes())
+        with open(self.tail_path, "wb") as f:  # rewrite: drops bytes appended after the checkpoint
+            f.write(self.buf[:self.n].tobytes())
+        self.tail = open(self.tail_path, "ab")
+
+    def append(self, ids: np.ndarray, ndocs: int) -> int:
+        """Add a batch's tokens; returns the number of shards written."""
+        self.docs += ndocs
+        self.tokens += ids.size
+        written, pos = 0, 0
+        while ids.size - pos >= self.shard_size - self.n:
+            take = self.shard_size - self.n
+            self.buf[self.n:] = ids[pos:pos + take]
+            pos += take
+            self.n = self.shard_size
+            self._emit()
+            written += 1
+        rest = ids[pos:]
+        self.buf[self.n:self.n + rest.size] = rest
+        self.n += rest.size
+        if written:
+            self._reset_tail()
+        else:
+            self.tail.write(rest.tobytes())
+            self.tail_hash.update(rest.tobytes())
+        return written
+
+    def _emit(self) -> None:
+        name = shard_name(self.split, len(self.shards))
+        sha = write_shard(self.out / name, self.buf[:self.n])
+        self.shards.append({"file": name, "tokens": int(self.n), "sha256": sha})
+        self.n = 0
+
+    def _reset_tail(self) -> None:
+        self.tail.close()
+        data = self.buf[:self.n].tobytes()
+        tmp = self.tail_path.with_name(self.tail_path.name + ".tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, self.tail_path)
+        self.tail_hash = hashlib.sha256(data)
+        self.tail = open(self.tail_path, "ab")
+
+    def state(self) -> dict:
+        self.tail.flush()
+        os.fsync(self.tail.fileno())
+        return {"shards": self.shards, "docs": self.docs, "tokens": self.tokens,
+                "tail_tokens": int(self.n), "tail_sha256": self.tail_hash.copy().hexdigest()}
+
+    def finish(self) -> dict:
+        if self.n or not self.shards and self.docs:
+            self._emit()
+        self.tail.close()
+        self.tail_path.unlink(missing_ok=True)
+        return {"documents": self.docs, "tokens": self.tokens, "shards": self.shards}
+
+
+# ------------------------------------------------------------------------------------------- resume
+def _load_progress(out: Path, content: dict) -> tuple[dict | None, str]:
+    """The checkpoint to resume from, or (None, why not)."""
+    p = out / PROGRESS
+    if not p.exists():
+        return None, "no checkpoint"
+    try:
+        st = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return None, f"{p} unreadable"
+    if st.get("config") != content:
+        return None, "the data config changed since the interrupted run"
+    for split, s in st["splits"].items():
+        for sh in s["shards"]:
+            f = out / sh["file"]
+            if not f.exists() or sha256_file(f) != sh["sha256"]:
+                return None, f"shard {f} is missing or does not match its recorded sha256"
+        tail = out / f".{split}.tail"
+        nbytes = s["tail_tokens"] * TOKEN_DTYPE.itemsize
+        if not tail.exists() or tail.stat().st_size < nbytes:
+            return None, f"{tail} is shorter than recorded"
+        with open(tail, "rb") as f:
+            if hashlib.sha256(f.read(nbytes)).hexdigest() != s["tail_sha256"]:
+                return None, f"{tail} does not match its recorded sha256"
+    return st, ""
+
+
+def _save_progress(out: Path, content: dict, stream: int, docs_read: int, writers: dict) -> None:
+    st = {"config": content, "stream": stream, "docs_read": docs_read,
+          "splits": {k: w.state() for k, w in writers.items()}}
+    tmp = out / (PROGRESS + ".tmp")
+    tmp.write_text(json.dumps(st))
+    os.replace(tmp, out / PROGRESS)
+
+
+def _clear(out: Path) -> None:
+    for f in out.iterdir():
+        if f.name != ".lock" and (f.suffix in (".bin", ".tmp", ".tail") or f.name in (PROGRESS, "meta.json")):
+            f.unlink()
+
+
+# -------------------------------------------------------------------------------------------- driver
+def _log(msg: str) -> None:
+    print(f"[data] {msg}", file=sys.stderr, flush=True)
+
+
+def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
+    """True when `out` holds a finished preparation of this exact config (fast: stats, no hashing)."""
+    meta_path = out / "meta.json"
+    if not meta_path.exists():
+        return False
+    meta = json.loads(meta_path.read_text())
+    old = meta.get("config", {})
+    for k, v in cfg.content().items():
+        if old.get(k) != v:
+            raise DataError(f"{out} was prepared with data.{k}={old.get(k)!r}, not {v!r}: delete it, or set "
+                            f"data.name (or data.root) to prepare elsewhere")
+    for split in meta["splits"].values():
+        for sh in split["shards"]:
+            f = out / sh["file"]
+            if not f.exists() or f.stat().st_size != HEADER_BYTES + sh["tokens"] * TOKEN_DTYPE.itemsize:
+                raise DataError(f"{f}: missing or wrong size for {sh['tokens']} tokens (recorded in {meta_path}); "
+                                f"delete {out} to prepare again")
+            if verify and sha256_file(f) != sh["sha256"]:
+                raise DataError(f"{f}: sha256 does not match {meta_path}; delete {out} to prepare again")
+    return True
+
+
+def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress: bool | None = None,
+                    _fail_after_shards: int | None = None) -> Path:
+    """Prepare the shards for data config `cfg` if needed; return the directory holding meta.json and the
+    shards. A no-op (a few stats) when already prepared. Call it on one rank first (others wait)."""
+    cfg = DataConfig.from_any(cfg)
+    out = cfg.out_dir
+    if not force and _check_prepared(cfg, out, verify):
+        return out
+    tok = get_tokenizer(cfg.tokenizer)
+    if tok.vocab_size > MAX_VOCAB:
+        raise DataError(f"data.tokenizer={cfg.tokenizer!r} has {tok.vocab_size} ids, more than the uint16 shards "
+                        f"hold ({MAX_VOCAB}); use a tokenizer with at most {MAX_VOCAB} ids")
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process preparing the same dir waits, then reuses it
+        if not force and _check_prepared(cfg, out, verify):
+            return out
+        if force:
+            _clear(out)
+        _run(cfg, tok, out, progress, _fail_after_shards)
+    return out
+
+
+def _run(cfg: DataConfig, tok, out: Path, progress, fail_after) -> None:
+    content = cfg.content()
+    state, why = _load_progress(out, content)
+    if state is None:
+        if (out / PROGRESS).exists():
+            _log(f"cannot resume ({why}); starting over")
+        _clear(out)
+    else:
+        done = sum(len(s["shards"]) for s in state["splits"].values())
+        _log(f"resuming {out}: {done} finished shards verified, {state['docs_read']} documents already read")
+    streams = open_streams(cfg)  # errors about files/columns/splits surface here, before any work
+    writers = {s: SplitWriter(out, s, cfg.shard_size, state["splits"].get(s) if state else None)
+               for s in ("train", "val")}
+    n_workers = cfg.num_workers or os.cpu_count() or 1
+    pool = None
+    if n_workers > 1:
+        ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+        pool = ctx.Pool(n_workers, initializer=_init_worker, initargs=(cfg.tokenizer,))
+    else:
+        _init_worker(cfg.tokenizer)
+    from tqdm.auto import tqdm
+    total = sum(s.total for s in streams) if all(s.total is not None for s in streams) else None
+    if cfg.max_docs and total is not None:
+        total = min(total, cfg.max_docs * len(streams))
+    bar = tqdm(total=total, unit="doc", desc=f"prepare {out.name}", smoothing=0.05, dynamic_ncols=True,
+               disable=(not progress) if progress is not None else None)
+    t0, shards_written, last_ckpt = time.time(), 0, time.time()
+    try:
+        for si, stream in enumerate(streams):
+            if state and si < state["stream"]:
+                continue
+            start = state["docs_read"] if state and si == state["stream"] else 0
+            bar.update(start)
+            pending: collections.deque = collections.deque()
+
+            def drain(limit):
+                nonlocal shards_written, last_ckpt
+                while len(pending) > limit:
+                    end, res = pending.popleft()
+                    res = res.get() if pool else res
+                    new = sum(writers[split].append(ids, n) for split, ids, n in res)
+                    shards_written += new
+                    now = time.time()
+                    bar.update(end[1])
+                    ntok = sum(w.tokens for w in writers.values())
+                    bar.set_postfix_str(f"{ntok / 1e6:.1f}M tok, {ntok / max(now - t0, 1e-9) / 1e6:.2f}M tok/s",
+                                        refresh=False)
+                    if new or now - last_ckpt > CHECKPOINT_EVERY_S:
+                        _save_progress(out, content, si, end[0], writers)
+                        last_ckpt = now
+                        if fail_after is not None and shards_written >= fail_after:
+                            raise RuntimeError(f"injected failure after {shards_written} shards")
+
+            for idx0, texts in _batched(stream, start, cfg):
+                idx = np.arange(idx0, idx0 + len(texts))
+                keep = np.fromiter((bool(t) for t in texts), dtype=bool, count=len(texts))
+                if stream.split is None:
+                    val = held_out(idx, cfg.split_seed, cfg.val_fraction)
+                    task = [("train", [t for t, k, v in zip(texts, keep, val) if k and not v]),
+                            ("val", [t for t, k, v in zip(texts, keep, val) if k and v])]
+                else:
+                    task = [(stream.split, [t for t, k in zip(texts, keep) if k])]
+                task = [(s, ts) for s, ts in task if ts]
+                res = pool.apply_async(_encode_task, (task,)) if pool else _encode_task(task)
+                # (docs read after this batch, docs in this batch): a checkpoint resumes after the batch
+                pending.append(((idx0 + len(texts), len(texts)), res))
+                drain(2 * n_workers + 2)  # bounded: at most this many batches in flight
+            drain(0)
+            state = None  # later streams start from 0
+            _save_progress(out, content, si + 1, 0, writers)
+        bar.close()
+        splits = {s: w.finish() for s, w in writers.items()}
+    finally:
+        bar.close()
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+        for w in writers.values():
+            w.tail.close()
+    if splits["train"]["documents"] == 0:
+        raise DataError(f"empty corpus: data.source={cfg.source} produced no non-empty training documents"
+                        + (f" from data.files={cfg.files}" if cfg.source == "local" else ""))
+    meta = {
+        "format": META_FORMAT, "version": 1, "name": cfg.name,
+        "tokenizer": tok.name, "vocab_size": tok.vocab_size, "eot": tok.eot,
+        "shard_format": {"magic": MAGIC, "version": VERSION, "header_int32": 256, "dtype": "uint16",
+                         "eot": "before each document"},
+        "shard_size": cfg.shard_size,
+        "source": dict({"source": cfg.source, "revision": cfg.revision},
+                       **{f"stream{i}": s.info for i, s in enumerate(streams)}),
+        "val_split": (f"dataset split {cfg.val_split!r}" if cfg.val_split else
+                      "val_files" if cfg.source == "local" and cfg.val_files else
+                      f"held-out fraction {cfg.val_fraction} of documents, seed {cfg.split_seed}"),
+        "splits": splits,
+        "config": content,
+        "seconds": round(time.time() - t0, 2),
+    }
+    tmp = out / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, out / "meta.json")
+    (out / PROGRESS).unlink(missing_ok=True)
+    ntok = sum(s["tokens"] for s in splits.values())
+    _log(f"prepared {out}: {splits['train']['documents']} + {splits['val']['documents']} documents, "
+         f"{ntok:,} tokens in {time.time() - t0:.1f}s")
+
+
+def _batched(stream, start: int, cfg: DataConfig):
+    """(index of first doc, texts) batches of cfg.batch_docs documents from `start`, up to max_docs."""
+    limit = cfg.max_docs
+    buf, idx0 = [], start
+    for texts in stream.batches(start):
+        buf.extend(texts)
+        while len(buf) >= cfg.batch_docs:
+            b, buf = buf[:cfg.batch_docs], buf[cfg.batch_docs:]
+            if limit is not None and idx0 + len(b) > limit:
+                b = b[:max(limit - idx0, 0)]
+            if b:
+                yield idx0, b
+            idx0 += len(b)
+            if limit is not None and idx0 >= limit:
+                return
+    if limit is not None:
+        buf = buf[:max(limit - idx0, 0)]
+    if buf:
+        yield idx0, buf
+
+
+# ----------------------------------------------------------------------------------------------- CLI
+def compose_data_config(overrides: list[str]):
+    """Compose only the `data` group from configs/ with Hydra: `data=<name>` plus `data.key=value`."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    cfg_dir = Path(__file__).resolve().parent.parent / "configs"
+    group = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") == "data"]
+    rest = [o for o in overrides if o not in group]
+    choice = group[-1].split("=", 1)[1] if group else "pydocs"
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
+        return compose(config_name=None, overrides=[f"+data={choice}"] + rest).data
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print("usage: python -m data.prepare [data=pydocs|local|openwebtext|fineweb_edu] [data.KEY=VALUE ...] "
+              "[--force] [--verify]\n  --force: rebuild from scratch; --verify: check every shard's sha256")
+        return 0
+    flags = {a for a in argv if a.startswith("--")}
+    bad = flags - {"--force", "--verify"}
+    if bad:
+        print(f"error: unknown flag {sorted(bad)[0]}; valid: --force, --verify", file=sys.stderr)
+        return 2
+    try:
+        cfg = compose_data_config([a for a in argv if not a.startswith("--")])
+        out = prepare_dataset(cfg, force="--force" in flags, verify="--verify" in flags)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    meta = json.loads((out / "meta.json").read_text())
+    for s, v in meta["splits"].items():
+        print(f"{out}/{s}: {v['documents']:,} documents, {v['tokens']:,} tokens, {len(v['shards'])} shards")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""Document sources. Each yields texts in a fixed order, so doc index i is stable (val split, resume).
+
+- pydocs: offline default; English prose from the running Python (pydoc_data topics + stdlib docstrings).
+- hf:     any Hugging Face hub dataset through `datasets.load_dataset` (optionally streaming).
+- local:  the user's .txt/.jsonl/.json/.parquet globs through the SAME `datasets.load_dataset` path.
+"""
+from __future__ import annotations
+
+import ast
+import glob
+import itertools
+import os
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from .config import DataConfig, DataError
+
+
+@dataclass
+class Stream:
+    """One ordered source of documents. split=None: the held-out rule assigns each doc to train/val."""
+    label: str
+    split: str | None
+    total: int | None                          # number of documents when known (progress ETA)
+    batches: Callable[[int], Iterator[list]]   # batches(skip) -> iterator of lists of texts
+    info: dict = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------------------------- pydocs
+# Directories not parsed: tests (code, not prose), third-party packages, build config, pydoc_data (added
+# separately). Modules are PARSED with ast, never imported: no side effects (this/antigravity print or
+# open a browser, turtle/tkinter open windows) and the result does not depend on what imports cleanly.
+_PYDOCS_SKIP_DIRS = {"test", "tests", "idle_test", "site-packages", "dist-packages", "__pycache__", "pydoc_data"}
+
+
+def _docstrings_in_order(tree: ast.AST) -> list[str]:
+    out = []
+
+    def visit(node):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=True)
+            if doc:
+                out.append(doc)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return out
+
+
+def stdlib_modules() -> list[tuple[str, str]]:
+    """(dotted name, path) of the standard library's .py files, sorted by name."""
+    root = sysconfig.get_paths()["stdlib"]
+    mods = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames
+                       if d not in _PYDOCS_SKIP_DIRS and not d.startswith((".", "config-"))]
+        for fn in filenames:
+            if fn.endswith(".py"):
+                rel = os.path.relpath(os.path.join(dirpath, fn), root)[:-3].replace(os.sep, ".")
+                mods.append((rel.removesuffix(".__init__"), os.path.join(dirpath, fn)))
+    return sorted(mods)
+
+
+def _pydoc_topics() -> list[str]:
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions strip pydoc_data; the docstrings are still there
+        return []
+    return [topics[k].strip() for k in sorted(topics)]
+
+
+def _module_doc(path: str) -> str:
+    """A module's docstrings (module, classes, functions) in source order, joined by blank lines."""
+    try:
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), filename=path)
+    except (SyntaxError, ValueError, OSError):  # e.g. lib2to3 test data in Python 2 syntax
+        return ""
+    return "\n\n".join(_docstrings_in_order(tree))
+
+
+def _pydocs_iter(skip: int = 0) -> Iterator[str]:
+    """The pydocs corpus in order: one document per pydoc topic (sorted), then one per stdlib module
+    (sorted by dotted name; empty when it has no docstrings). Modules are parsed lazily."""
+    topics = _pydoc_topics()
+    yield from topics[skip:]
+    for _, path in stdlib_modules()[max(skip - len(topics), 0):]:
+        yield _module_doc(path)
+
+
+def pydocs_documents() -> list[str]:
+    """All non-empty pydocs documents (about 2.3M characters on CPython 3.11)."""
+    return [d for d in _pydocs_iter() if d]
+
+
+def _pydocs_stream() -> Stream:
+    total = len(_pydoc_topics()) + len(stdlib_modules())
+    if total == 0:
+        raise DataError("data.source=pydocs: this Python installation has no pydoc topics or stdlib sources")
+
+    def batches(skip):
+        it = _pydocs_iter(skip)
+        while batch := list(itertools.islice(it, 64)):
+            yield batch
+
+    return Stream("pydocs", None, total, batches,
+                  {"python": sys.version.split()[0], "implementation": sys.implementation.name,
+                   "stdlib": sysconfig.get_paths()["stdlib"]})
+
+
+# ------------------------------------------------------------------------------------------- datasets
+_BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+
+
+def resolve_files(key: str, patterns: list[str]) -> list[str]:
+    files = []
+    for pat in patterns:
+        hits = sorted(glob.glob(os.path.expanduser(pat), recursive=True))
+        hits = [h for h in hits if os.path.isfile(h)]
+        if not hits:
+            raise DataError(f"data.{key}: no file matches {pat!r}")
+        files += [os.path.abspath(h) for h in hits]
+    return files
+
+
+def _builder_for(key: str, files: list[str]) -> str:
+    exts = sorted({os.path.splitext(f)[1].lower() for f in files})
+    for e in exts:
+        if e not in _BUILDERS:
+            raise DataError(f"data.{key}: unsupported file type {e!r}; valid: {', '.join(_BUILDERS)}")
+    builders = {_BUILDERS[e] for e in exts}
+    if len(builders) > 1:
+        raise DataError(f"data.{key}: mixes file types {exts}; use one format per dataset")
+    return builders.pop()
+
+
+def _load(cfg: DataConfig, path: str, split: str, **kw):
+    """The one call both hub and local data go through."""
+    import datasets
+    try:
+        return datasets.load_dataset(path, split=split, streaming=cfg.streaming, cache_dir=cfg.cache_dir, **kw)
+    except FileNotFoundError as e:
+        raise DataError(f"data.path={path!r}: {str(e).splitlines()[0] if str(e) else 'not found'}") from e
+    except ValueError as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "split" in msg.lower() or "Unknown split" in msg:
+            raise DataError(f"data.split/val_split={split!r}: {msg}") from e
+        raise
+
+
+def _columns(ds) -> list[str]:
+    cols = ds.column_names
+    if cols is None:  # streaming datasets may not know their features before reading
+        first = next(iter(ds.take(1)), None)
+        cols = list(first) if first is not None else []
+    return list(cols)
+
+
+def _ds_stream(cfg: DataConfig, ds, label: str, split: str | None, info: dict) -> Stream:
+    cols = _columns(ds)
+    if cfg.text_column not in cols:
+        raise DataError(f"data.text_column={cfg.text_column!r} not in {label}; valid columns: {', '.join(cols)}")
+    ds = ds.select_columns([cfg.text_column])
+    total = None if cfg.streaming else len(ds)
+    col = cfg.text_column
+
+    def batches(skip):
+        d = ds.skip(skip) if skip else ds
+        for b in d.iter(batch_size=1024):
+            yield [t if isinstance(t, str) else ("" if t is None else str(t)) for t in b[col]]
+
+    return Stream(label, split, total, batches, info)
+
+
+def _hf_streams(cfg: DataConfig) -> list[Stream]:
+    import datasets
+    kw = {"name": cfg.subset, "revision": cfg.revision}
+    info = {"path": cfg.path, "subset": cfg.subset, "revision": cfg.revision, "datasets": datasets.__version__}
+    streams = [_ds_stream(cfg, _load(cfg, cfg.path, cfg.split, **kw), f"{cfg.path}[{cfg.split}]",
+                          "train" if cfg.val_split else None, dict(info, split=cfg.split))]
+    if cfg.val_split:
+        streams.append(_ds_stream(cfg, _load(cfg, cfg.path, cfg.val_split, **kw), f"{cfg.path}[{cfg.val_split}]",
+                                  "val", dict(info, split=cfg.val_split)))
+    return streams
+
+
+def _local_streams(cfg: DataConfig) -> list[Stream]:
+    import datasets
+    files = {"train": resolve_files("files", cfg.files)}
+    if cfg.val_files:
+        files["validation"] = resolve_files("val_files", cfg.val_files)
+    builders = {k: _builder_for("files" if k == "train" else "val_files", v) for k, v in files.items()}
+    if len(set(builders.values())) > 1:
+        raise DataError("data.val_files: must be the same file type as data.files")
+    builder = builders["train"]
+    kw = {"sample_by": cfg.txt_sample_by} if builder == "text" else {}
+    streams = []
+    for split, out_split in (("train", "train" if cfg.val_files else None), ("validation", "val")):
+        if split not in files:
+            continue
+        info = {"builder": builder, "datasets": datasets.__version__,
+                "files": [{"path": f, "bytes": os.path.getsize(f)} for f in files[split]]}
+        ds = _load(cfg, builder, split, data_files=files, **kw)
+        streams.append(_ds_stream(cfg, ds, f"{builder} files {cfg.files if split == 'train' else cfg.val_files}",
+                                  out_split, info))
+    return streams
+
+
+def open_streams(cfg: DataConfig) -> list[Stream]:
+    if cfg.source == "pydocs":
+        return [_pydocs_stream()]
+    if cfg.source == "hf":
+        return _hf_streams(cfg)
+    return _local_streams(cfg)
