@@ -1,0 +1,104 @@
+"""Step time and activation memory of every variant relative to pre_ln.
+
+    python scripts/bench_variants.py                 # eager, CPU, 6 layers d=384 T=256 batch 8 vocab 256
+    python scripts/bench_variants.py --compile       # also torch.compile'd (slow to warm up on CPU)
+    python scripts/bench_variants.py --variants geonorm proj_spheret --repeats 15
+
+Time: median of forward+backward over interleaved repeats (variant, pre_ln, variant, pre_ln, ...)
+after warm-up, since a shared machine's speed drifts by several percent; the ratio is taken per
+pair, then the median of the ratios. Memory: bytes saved for backward, counted with
+torch.autograd.graph.saved_tensors_hooks, each storage once (a tensor saved by two ops is one
+allocation), parameters excluded: exact and comparable within one process.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from model import GPT, GPTConfig, VARIANTS  # noqa: E402
+
+
+def saved_bytes(model, x, y) -> int:
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        st = t.untyped_storage()
+        if st.data_ptr() not in params:
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, loss = model(x, y)
+    del loss
+    return sum(seen.values())
+
+
+def step(model, x, y):
+    _, loss = model(x, y)
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variants", nargs="*", default=[v for v in VARIANTS if v != "pre_ln"])
+    ap.add_argument("--n-layer", type=int, default=6)
+    ap.add_argument("--n-embd", type=int, default=384)
+    ap.add_argument("--n-head", type=int, default=6)
+    ap.add_argument("--seq", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=256)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
+    args = ap.parse_args()
+
+    def build(norm):
+        torch.manual_seed(0)
+        return GPT(GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
+                             n_embd=args.n_embd, norm=norm))
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
+    y = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
+    modes = ["eager"] + (["compiled"] if args.compile else [])
+    print(f"# {args.n_layer} layers, d={args.n_embd}, T={args.seq}, batch {args.batch}, vocab {args.vocab}, "
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} interleaved repeats")
+    print("| variant | mode | time ratio | ms/step | pre_ln ms | saved MiB | memory ratio |")
+    print("|---|---|---|---|---|---|---|")
+    base = build("pre_ln")
+    base_mem = saved_bytes(base, x, y)
+    for mode in modes:
+        ref = torch.compile(base) if mode == "compiled" else base
+        for name in args.variants:
+            model = build(name)
+            mem = saved_bytes(model, x, y)
+            run = torch.compile(model) if mode == "compiled" else model
+            for _ in range(args.warmup):
+                step(run, x, y)
+                step(ref, x, y)
+            ts, tb = [], []
+            for _ in range(args.repeats):
+                ts.append(timed(lambda: step(run, x, y)))
+                tb.append(timed(lambda: step(ref, x, y)))
+            ratio = statistics.median(a / b for a, b in zip(ts, tb))
+            print(f"| {name} | {mode} | {ratio:.3f} | {1e3 * statistics.median(ts):.1f} | "
+                  f"{1e3 * statistics.median(tb):.1f} | {mem / 2**20:.1f} | {mem / base_mem:.3f} |", flush=True)
+    print(f"pre_ln saved for backward: {base_mem / 2**20:.1f} MiB")
+
+
+if __name__ == "__main__":
+    main()
