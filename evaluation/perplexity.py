@@ -1,0 +1,86 @@
+"""Validation loss and perplexity of a model on a prepared split, with a strided sliding window.
+
+Each shard of the split is a stream of documents, each preceded by the end-of-text token (llm.c
+layout), so a shard starts at a document boundary and windows never need to cross shards. Every
+token after a shard's first is scored exactly once (see scoring.plan_windows). Under torchrun the
+windows are dealt round-robin to ranks and the sums all-reduced: the result does not depend on the
+world size (up to float summation order).
+"""
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from .scoring import count_windows, plan_windows, score_batch
+
+
+def split_shards(data_dir, split: str) -> list[Path]:
+    """The split's shard files in order; one clear error naming what exists when there are none."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise FileNotFoundError(f"data dir {data_dir} does not exist; prepare it with the run's data config "
+                                f"or pass --data-dir")
+    pat = re.compile(rf"^{re.escape(split)}_(\d+)\.bin$")
+    shards = sorted((p for p in data_dir.iterdir() if pat.match(p.name)), key=lambda p: int(pat.match(p.name)[1]))
+    if not shards:
+        have = sorted({m[1] for p in data_dir.iterdir() if (m := re.match(r"^(.+)_\d+\.bin$", p.name))})
+        raise FileNotFoundError(f"no '{split}' shards ({split}_*.bin) in {data_dir}; splits there: "
+                                f"{', '.join(have) or 'none'}")
+    return shards
+
+
+def evaluate_perplexity(model, data_dir, split: str = "val", *, stride: Optional[int] = None,
+                        token_budget: Optional[int] = None, batch_size: int = 8, rt=None) -> dict:
+    """Mean next-token loss (nats) and perplexity over the first `token_budget` scored tokens of the
+    split (None: all of it). stride: new tokens scored per window (None: block_size, no overlap)."""
+    from data.shards import open_shard
+
+    from .runtime import Runtime
+
+    rt = rt or Runtime(next(model.parameters()).device)
+    block_size = model.config.block_size
+    stride = block_size if stride is None else stride
+    if token_budget is not None and token_budget < 1:
+        raise ValueError(f"token_budget={token_budget}: must be >= 1 or null (whole split)")
+    nll = torch.zeros((), dtype=torch.float64, device=rt.device)
+    count = torch.zeros((), dtype=torch.long, device=rt.device)
+    remaining = math.inf if token_budget is None else token_budget
+    k = 0  # global window index: window k goes to rank k % world_size
+    batch = []
+
+    def flush():
+        lp, _, n = score_batch(model, batch, rt.device, rt.autocast())
+        nll.sub_(lp.sum())
+        count.add_(n.sum())
+        batch.clear()
+
+    n_windows = 0
+    for path in split_shards(data_dir, split):
+        if remaining <= 0:
+            break
+        tok = open_shard(path)
+        n = int(min(len(tok), remaining + 1))
+        remaining -= max(n - 1, 0)
+        n_windows += count_windows(n, 1, block_size, stride)
+        for w in plan_windows(n, 1, block_size, stride):
+            if k % rt.world_size == rt.rank:
+                batch.append((tok, w))
+                if len(batch) == batch_size:
+                    flush()
+            k += 1
+    if batch:
+        flush()
+    if rt.world_size > 1:
+        dist.all_reduce(nll)
+        dist.all_reduce(count)
+    tokens = int(count.item())
+    if tokens == 0:
+        raise ValueError(f"split '{split}' of {data_dir} has no tokens to score")
+    loss = nll.item() / tokens
+    return {"split": split, "loss": loss, "ppl": math.exp(loss), "tokens": tokens, "stride": stride,
+            "block_size": block_size, "windows": n_windows}
