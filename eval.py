@@ -1,0 +1,162 @@
+"""Evaluate a checkpoint: loss/perplexity on a prepared split and zero-shot lm-eval benchmarks.
+
+    python eval.py runs/<run_name>                       # newest checkpoint of a run
+    python eval.py runs/<run_name>/checkpoints/ckpt_00010000.pt --tasks piqa,arc_easy --limit 500
+    torchrun --standalone --nproc_per_node=8 eval.py runs/<run_name>   # split across ranks
+
+The model is rebuilt from the config stored in the checkpoint. Defaults: configs/eval/default.yaml
+(every key is a flag). Writes a JSON file with every metric, prints a markdown table, and logs to the
+run's wandb run when the checkpoint names one.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+
+def resolve_checkpoint(path) -> Path:
+    from trainer.checkpoint import CheckpointError, find_latest
+
+    p = Path(path)
+    if p.is_dir():
+        latest = find_latest(p)
+        if latest is None:
+            raise CheckpointError(f"no checkpoints (checkpoints/ckpt_*.pt) in {p}")
+        return latest
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} does not exist (give a run dir or a ckpt_*.pt file)")
+    return p
+
+
+def run_dir_of(ckpt_path: Path):
+    return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else None
+
+
+def default_out(ckpt_path: Path, step: int) -> Path:
+    rd = run_dir_of(ckpt_path)
+    return rd / "eval" / f"eval_{step:08d}.json" if rd else ckpt_path.with_suffix(".eval.json")
+
+
+def resolve_data_dir(cfg, ckpt: dict, rt) -> Path:
+    """The checkpoint's prepared data dir; prepared again from the run's data config when missing."""
+    if cfg.data_dir is not None:
+        d = Path(cfg.data_dir)
+    else:
+        d = Path(ckpt.get("data_dir") or "")
+        data_cfg = (ckpt.get("config") or {}).get("data")
+        if not (d / "meta.json").is_file() and data_cfg:
+            from data import prepare_dataset
+
+            if rt.is_main:  # one rank prepares, the others wait and then find it
+                d = Path(prepare_dataset(data_cfg))
+            if rt.world_size > 1:
+                import torch.distributed as dist
+
+                holder = [str(d)]
+                dist.broadcast_object_list(holder, src=0)
+                d = Path(holder[0])
+    meta = d / "meta.json"
+    if meta.is_file():
+        tok = json.loads(meta.read_text()).get("tokenizer")
+        if tok is not None and tok != ckpt["tokenizer"]:
+            raise ValueError(f"data dir {d} is tokenized with {tok!r} but the checkpoint's model uses "
+                             f"{ckpt['tokenizer']!r}; pass --data-dir of a split prepared with {ckpt['tokenizer']!r}")
+    return d
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("path", help="run directory (its newest checkpoint) or checkpoint file")
+    from evaluation.config import add_flags, from_args
+
+    add_flags(parser)
+    args = parser.parse_args(argv)
+    try:
+        return evaluate(args)
+    except Exception as e:
+        if _is_user_error(e):  # bad input: one clear line, no traceback
+            print(f"eval.py: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _is_user_error(e: Exception) -> bool:
+    from evaluation.config import EvalConfigError
+    from model.config import ConfigError
+    from trainer.checkpoint import CheckpointError
+
+    return isinstance(e, (EvalConfigError, ConfigError, CheckpointError, FileNotFoundError)) or (
+        type(e).__name__ in ("ShardError", "DataError"))
+
+
+def evaluate(args) -> int:
+    from evaluation import runtime
+    from evaluation.config import from_args
+
+    cfg = from_args(args)
+    ckpt_path = resolve_checkpoint(args.path)
+    rt = runtime.setup(cfg.device, cfg.dtype)
+    try:
+        return _evaluate(cfg, ckpt_path, rt)
+    finally:
+        runtime.teardown()
+
+
+def _evaluate(cfg, ckpt_path: Path, rt) -> int:
+    from data import get_tokenizer
+    from trainer.checkpoint import load_model
+
+    from evaluation.report import log_wandb, markdown_table, write_json
+
+    def echo(msg):
+        if rt.is_main:
+            print(msg, file=sys.stderr, flush=True)
+
+    t0 = time.time()
+    model, ckpt = load_model(ckpt_path, device=rt.device)
+    tokenizer = get_tokenizer(ckpt["tokenizer"])
+    echo(f"eval: {ckpt_path} (step {ckpt['step']}, norm {model.config.norm}, {model.num_params() / 1e6:.2f}M params) "
+         f"on {rt.device} {str(rt.ptdtype).removeprefix('torch.')}, world size {rt.world_size}")
+    payload = {"checkpoint": str(ckpt_path), "step": ckpt["step"], "norm": model.config.norm,
+               "tokenizer": ckpt["tokenizer"], "model_config": ckpt["model_config"],
+               "eval_config": cfg.to_dict(), "world_size": rt.world_size, "device": str(rt.device),
+               "dtype": str(rt.ptdtype).removeprefix("torch."), "wandb_run_id": ckpt.get("wandb_run_id")}
+
+    if cfg.split is not None:
+        from evaluation.perplexity import evaluate_perplexity
+
+        data_dir = resolve_data_dir(cfg, ckpt, rt)
+        echo(f"perplexity: split {cfg.split} of {data_dir}, "
+             f"{'all tokens' if cfg.token_budget is None else f'{cfg.token_budget} tokens'}, "
+             f"stride {cfg.stride or model.config.block_size}")
+        payload["data_dir"] = str(data_dir)
+        payload["perplexity"] = evaluate_perplexity(model, data_dir, cfg.split, stride=cfg.stride,
+                                                    token_budget=cfg.token_budget, batch_size=cfg.batch_size, rt=rt)
+        echo(f"perplexity: loss {payload['perplexity']['loss']:.4f}, ppl {payload['perplexity']['ppl']:.3f}")
+
+    if cfg.tasks:
+        from evaluation.harness import NanoLM, run_tasks
+
+        for name in ("huggingface_hub", "datasets", "lm_eval"):  # keep failures to our one line per task
+            logging.getLogger(name).setLevel(logging.ERROR)
+        lm = NanoLM(model, tokenizer, batch_size=cfg.batch_size, max_gen_toks=cfg.max_gen_toks, rt=rt, seed=cfg.seed)
+        payload["tasks"], payload["failed_tasks"] = run_tasks(
+            lm, cfg.tasks, include_path=cfg.include_path, limit=cfg.limit, num_fewshot=cfg.num_fewshot,
+            bootstrap_iters=cfg.bootstrap_iters, seed=cfg.seed, echo=echo)
+
+    payload["time_s"] = round(time.time() - t0, 2)
+    if rt.is_main:
+        out = write_json(cfg.out or default_out(ckpt_path, ckpt["step"]), payload)
+        print(markdown_table(payload))
+        echo(f"wrote {out}")
+        if cfg.wandb and log_wandb(ckpt, run_dir_of(ckpt_path), payload):
+            echo(f"logged to wandb run {ckpt['wandb_run_id']}")
+    return 1 if payload.get("failed_tasks") and not payload.get("tasks") and payload.get("perplexity") is None else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""eval.py's outputs: one JSON file with every metric, a markdown table, and the run's wandb run."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Optional
+
+
+def write_json(path, payload: dict) -> Path:
+    """Write via a temp name + os.replace, so a reader never sees half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        if math.isnan(v) or math.isinf(v):
+            return str(v)
+        return f"{v:.4f}" if abs(v) < 1e4 else f"{v:.4g}"
+    return str(v)
+
+
+def markdown_table(payload: dict) -> str:
+    """One row per (task, metric); stderr in its own column when lm-eval reports one."""
+    lines = [f"checkpoint `{payload['checkpoint']}` (step {payload['step']}, {payload['norm']}, "
+             f"tokenizer {payload['tokenizer']})", "", "| task | metric | value | stderr |", "|---|---|---:|---:|"]
+    ppl = payload.get("perplexity")
+    if ppl:
+        what = f"{ppl['split']} ({ppl['tokens']} tokens, stride {ppl['stride']})"
+        lines.append(f"| {what} | loss | {_fmt(ppl['loss'])} | |")
+        lines.append(f"| {what} | ppl | {_fmt(ppl['ppl'])} | |")
+    for task, metrics in payload.get("tasks", {}).items():
+        for name, v in metrics.items():
+            if name.endswith("_stderr") or "_stderr[" in name or name == "samples":
+                continue
+            err = metrics.get(name.replace("[", "_stderr[", 1) if "[" in name else f"{name}_stderr")
+            lines.append(f"| {task} | {name} | {_fmt(v)} | {'' if err is None else _fmt(err)} |")
+    for task, why in payload.get("failed_tasks", {}).items():
+        lines.append(f"| {task} | failed | {why.replace('|', '/')} | |")
+    return "\n".join(lines)
+
+
+def flat_metrics(payload: dict) -> dict:
+    """wandb keys: ppl/<split>/{loss,ppl}, zeroshot/<task>/<metric>."""
+    out = {}
+    ppl = payload.get("perplexity")
+    if ppl:
+        out[f"ppl/{ppl['split']}/loss"] = ppl["loss"]
+        out[f"ppl/{ppl['split']}/ppl"] = ppl["ppl"]
+    for task, metrics in payload.get("tasks", {}).items():
+        for name, v in metrics.items():
+            out[f"zeroshot/{task}/{name}"] = v
+    return out
+
+
+def log_wandb(ckpt: dict, run_dir: Optional[Path], payload: dict) -> Optional[str]:
+    """Log to the training run's wandb run (same id, resume="allow"). Returns the run id, or None when
+    the checkpoint has no run or wandb is disabled. WANDB_MODE wins over the run's stored mode.
+
+    The metrics get their own x-axis, ckpt_step, so evaluating an old checkpoint after training has
+    logged later steps is not dropped as a step going backwards."""
+    run_id = ckpt.get("wandb_run_id")
+    wcfg = ((ckpt.get("config") or {}).get("logging") or {}).get("wandb") or {}
+    mode = os.environ.get("WANDB_MODE") or wcfg.get("mode") or "offline"
+    if not run_id or mode == "disabled":
+        return None
+    import wandb  # slow import: only when used
+
+    run = wandb.init(id=run_id, resume="allow", mode=mode, project=wcfg.get("project") or "nanonorm",
+                     entity=wcfg.get("entity"), dir=str(run_dir) if run_dir else None,
+                     settings=wandb.Settings(console="off", silent=True))
+    try:
+        run.define_metric("ckpt_step")
+        for prefix in ("ppl/*", "zeroshot/*"):
+            run.define_metric(prefix, step_metric="ckpt_step")
+        metrics = flat_metrics(payload)
+        run.log({**metrics, "ckpt_step": payload["step"]})
+        for k, v in metrics.items():
+            run.summary[k] = v
+    finally:
+        run.finish()
+    return run_id
