@@ -13,6 +13,8 @@ from typing import Callable
 
 import numpy as np
 
+from .config import DataError
+
 EOT_STR = "<|endoftext|>"
 
 # sha256 of GPT-2's vocab.bpe / encoder.json, as pinned by tiktoken_ext.openai_public.gpt2
@@ -104,7 +106,8 @@ class TiktokenTokenizer(Tokenizer):
         return self.enc.encode_ordinary_batch(texts, num_threads=num_threads)
 
     def encode_docs(self, texts):
-        arrs = [self.enc.encode_to_numpy(t) for t in texts]   # uint32 straight from Rust, no int lists
+        # uint32 straight from Rust (no int lists); disallowed_special=() + no allowed specials = ordinary
+        arrs = [self.enc.encode_to_numpy(t, disallowed_special=()) for t in texts]
         lens = np.fromiter((a.shape[0] + 1 for a in arrs), dtype=np.int64, count=len(arrs))
         eot = np.array([self.eot], dtype=np.uint32)
         parts = [p for a in arrs for p in (eot, a)]
@@ -158,5 +161,5 @@ def register_tokenizer(name: str, factory: Callable[[], Tokenizer]) -> None:
 @functools.lru_cache(maxsize=None)
 def get_tokenizer(name: str) -> Tokenizer:
     if name not in TOKENIZERS:
-        raise ValueError(f"data.tokenizer={name!r} is not a tokenizer; valid: {', '.join(sorted(TOKENIZERS))}")
+        raise DataError(f"data.tokenizer={name!r} is not a tokenizer; valid: {', '.join(sorted(TOKENIZERS))}")
     return TOKENIZERS[name]()

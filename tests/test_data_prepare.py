@@ -1,0 +1,288 @@
+"""Shard preparation: round trips, independent header reader, meta.json, local formats, the hub code
+path on local parquet, resume after an interruption, idempotence, and every one-line error."""
+import json
+import os
+import struct
+import subprocess
+import sys
+from array import array
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data import DataError, TrainLoader, ValLoader, get_tokenizer, prepare_dataset, register_tokenizer
+from data.config import DataConfig
+from data.prepare import compose_data_config
+from data.shards import ShardError, open_shard, read_header, write_shard
+from data.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Documents with unicode, code, blank lines, and the literal eot string (must stay ordinary text).
+BASE = ["The quick brown fox jumps over the lazy dog.",
+        "Unicode: naïve café, 日本語, emoji 🤖 and e\u0301.\n\nSecond paragraph.",
+        "def f(x):\n    return x ** 2  # code\n",
+        "literal <|endoftext|> stays text",
+        "Digits 1234567890 and 3.14159."]
+DOCS = [f"Doc {i}. " + BASE[i % len(BASE)] * (1 + i % 4) for i in range(120)]
+
+
+def read_shard_independently(path):
+    """Parse a shard with struct/array only (no project code): header then uint16 tokens."""
+    raw = Path(path).read_bytes()
+    header = struct.unpack("<256i", raw[:1024])
+    tokens = array("H")
+    tokens.frombytes(raw[1024:])
+    assert sys.byteorder == "little"
+    assert header[0] == 20240520 and header[1] == 1 and header[2] == len(tokens)
+    assert not any(header[3:])
+    return list(tokens)
+
+
+def split_docs(tokens, eot):
+    """Documents from a token stream with eot BEFORE each document."""
+    assert tokens[0] == eot
+    docs, cur = [], None
+    for t in tokens:
+        if t == eot:
+            if cur is not None:
+                docs.append(cur)
+            cur = []
+        else:
+            cur.append(t)
+    docs.append(cur)
+    return docs
+
+
+def split_texts(data_dir, split):
+    meta = json.loads((data_dir / "meta.json").read_text())
+    tok = get_tokenizer(meta["tokenizer"])
+    stream = [t for sh in meta["splits"][split]["shards"] for t in read_shard_independently(data_dir / sh["file"])]
+    return [tok.decode(d) for d in split_docs(stream, tok.eot)] if stream else []
+
+
+def is_subsequence(sub, seq):
+    it = iter(seq)
+    return all(any(x == y for y in it) for x in sub)
+
+
+def write_jsonl(path, texts, key="text"):
+    path.write_text("".join(json.dumps({key: t, "id": i}) + "\n" for i, t in enumerate(texts)))
+    return path
+
+
+def cfg(tmp_path, **kw):
+    d = dict(name="t", tokenizer="bytes", root=str(tmp_path / "cache"), source="local",
+             cache_dir=str(tmp_path / "hf"), num_workers=1, batch_docs=16, val_fraction=0.2)
+    d.update(kw)
+    return d
+
+
+@pytest.mark.parametrize("tokenizer,shard_size,workers", [("bytes", 3000, 2), ("gpt2", 800, 1)])
+def test_round_trip_multi_shard_and_meta(tmp_path, tokenizer, shard_size, workers):
+    f = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    out = prepare_dataset(cfg(tmp_path, files=[str(f)], tokenizer=tokenizer, shard_size=shard_size,
+                              num_workers=workers), progress=False)
+    assert out == tmp_path / "cache" / f"t-{tokenizer}"
+    meta = json.loads((out / "meta.json").read_text())
+    train, val = split_texts(out, "train"), split_texts(out, "val")
+    # every document lands, whole, in exactly one split, in source order
+    assert sorted(train + val) == sorted(DOCS) and 0 < len(val) < len(train)
+    assert is_subsequence(train, DOCS) and is_subsequence(val, DOCS)
+    assert meta["tokenizer"] == tokenizer and meta["shard_size"] == shard_size
+    assert meta["eot"] == get_tokenizer(tokenizer).eot
+    tok = get_tokenizer(tokenizer)
+    for split, texts in (("train", train), ("val", val)):
+        s = meta["splits"][split]
+        assert s["documents"] == len(texts)
+        assert s["tokens"] == sum(len(tok.encode(t)) + 1 for t in texts)
+        assert sum(sh["tokens"] for sh in s["shards"]) == s["tokens"]
+        assert all(sh["tokens"] == shard_size for sh in s["shards"][:-1])  # only the last is partial
+        for sh in s["shards"]:
+            import hashlib
+            assert hashlib.sha256((out / sh["file"]).read_bytes()).hexdigest() == sh["sha256"]
+    assert len(meta["splits"]["train"]["shards"]) >= 3
+    assert not list(out.glob("*.tmp")) and not list(out.glob(".*.tail")) and not (out / "progress.json").exists()
+    assert meta["source"]["stream0"]["files"][0]["path"] == str(f)
+
+
+def test_txt_and_parquet_and_streaming_match_jsonl(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    texts = DOCS[:40]
+    write_jsonl(tmp_path / "a.jsonl", texts)
+    pq.write_table(pa.table({"body": texts, "n": list(range(40))}), tmp_path / "a.parquet")
+    (tmp_path / "txt").mkdir()
+    for i, t in enumerate(texts):  # one document per file, sorted names keep the order
+        (tmp_path / "txt" / f"{i:03d}.txt").write_text(t)
+    outs = [prepare_dataset(cfg(tmp_path, name="j", files=[str(tmp_path / "a.jsonl")]), progress=False),
+            prepare_dataset(cfg(tmp_path, name="js", files=[str(tmp_path / "a.jsonl")], streaming=True),
+                            progress=False),
+            prepare_dataset(cfg(tmp_path, name="p", files=str(tmp_path / "*.parquet"), text_column="body"),
+                            progress=False),
+            prepare_dataset(cfg(tmp_path, name="x", files=[str(tmp_path / "txt" / "*.txt")]), progress=False)]
+    shas = [[sh["sha256"] for s in json.loads((o / "meta.json").read_text())["splits"].values()
+             for sh in s["shards"]] for o in outs]
+    assert shas[0] == shas[1] == shas[2] == shas[3]
+    assert sorted(split_texts(outs[3], "train") + split_texts(outs[3], "val")) == sorted(texts)
+
+
+def test_hub_code_path_with_own_validation_split(tmp_path):
+    """source=hf runs datasets.load_dataset(path, ...) as for the hub; a local parquet directory with
+    train/validation files exercises it, including the dataset's own validation split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    d = tmp_path / "hubds" / "data"
+    d.mkdir(parents=True)
+    pq.write_table(pa.table({"text": DOCS[:30]}), d / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"text": DOCS[30:36]}), d / "validation-00000-of-00001.parquet")
+    out = prepare_dataset(cfg(tmp_path, source="hf", path=str(tmp_path / "hubds"), val_split="validation"),
+                          progress=False)
+    assert split_texts(out, "train") == DOCS[:30] and split_texts(out, "val") == DOCS[30:36]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["val_split"] == "dataset split 'validation'"
+    with pytest.raises(DataError, match="data.text_column='content' not in .*valid columns: text"):
+        prepare_dataset(cfg(tmp_path, name="h2", source="hf", path=str(tmp_path / "hubds"), text_column="content"),
+                        progress=False)
+
+
+def shard_shas(out):
+    meta = json.loads((out / "meta.json").read_text())
+    return {sh["file"]: sh["sha256"] for s in meta["splits"].values() for sh in s["shards"]}
+
+
+def test_interrupted_preparation_resumes(tmp_path, capsys):
+    f = write_jsonl(tmp_path / "c.jsonl", DOCS * 3)
+    kw = dict(files=[str(f)], shard_size=2500, batch_docs=8, num_workers=2)
+    clean = prepare_dataset(cfg(tmp_path / "clean", **kw), progress=False)
+    expected = shard_shas(clean)
+    assert len(expected) >= 8
+
+    c = cfg(tmp_path, **kw)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        prepare_dataset(c, progress=False, _fail_after_shards=3)
+    out = DataConfig.from_any(c).out_dir
+    done = sorted(p.name for p in out.glob("*.bin"))
+    assert len(done) >= 3 and not (out / "meta.json").exists() and (out / "progress.json").exists()
+    mtimes = {p: os.stat(out / p).st_mtime_ns for p in done}
+    # what a crash after the checkpoint leaves behind: bytes appended to a tail, a half-written shard
+    with open(out / ".train.tail", "ab") as t:
+        t.write(b"\x07" * 100)
+    (out / "train_000099.bin.tmp").write_bytes(b"partial")
+    capsys.readouterr()
+    prepare_dataset(c, progress=False)
+    assert "resuming" in capsys.readouterr().err
+    assert shard_shas(out) == expected
+    assert all(os.stat(out / p).st_mtime_ns == m for p, m in mtimes.items())  # finished shards kept
+
+    # a finished shard that no longer matches its sha256 is not trusted: start over, same result
+    c2 = cfg(tmp_path / "b", **kw)
+    with pytest.raises(RuntimeError):
+        prepare_dataset(c2, progress=False, _fail_after_shards=2)
+    out2 = DataConfig.from_any(c2).out_dir
+    first = sorted(out2.glob("train_*.bin"))[0]
+    first.write_bytes(first.read_bytes()[:-2] + b"\0\0")
+    capsys.readouterr()
+    prepare_dataset(c2, progress=False)
+    assert "starting over" in capsys.readouterr().err
+    assert shard_shas(out2) == expected
+
+
+def test_prepared_is_a_noop_and_config_change_is_an_error(tmp_path):
+    f = write_jsonl(tmp_path / "c.jsonl", DOCS[:20])
+    c = cfg(tmp_path, files=[str(f)])
+    out = prepare_dataset(c, progress=False)
+    m = os.stat(out / "meta.json").st_mtime_ns
+    assert prepare_dataset(c, progress=False, verify=True) == out
+    assert os.stat(out / "meta.json").st_mtime_ns == m
+    with pytest.raises(DataError, match=r"prepared with data.val_fraction=0.2, not 0.3: delete it"):
+        prepare_dataset(dict(c, val_fraction=0.3), progress=False)
+    (out / "val_000000.bin").write_bytes(b"x")
+    with pytest.raises(DataError, match="val_000000.bin: missing or wrong size"):
+        prepare_dataset(c, progress=False)
+
+
+def test_errors_are_one_line(tmp_path, monkeypatch):
+    def err(c, match):
+        with pytest.raises(DataError, match=match) as e:
+            prepare_dataset(c, progress=False)
+        assert "\n" not in str(e.value)
+
+    err(cfg(tmp_path, files=[str(tmp_path / "missing" / "*.jsonl")]), r"data.files: no file matches '.*missing")
+    empty = write_jsonl(tmp_path / "empty.jsonl", ["", ""])
+    err(cfg(tmp_path, name="e", files=[str(empty)]), "empty corpus")
+    wrong = write_jsonl(tmp_path / "w.jsonl", DOCS[:3], key="content")
+    err(cfg(tmp_path, name="w", files=[str(wrong)]), r"data.text_column='text' not in .*valid columns: content, id")
+    (tmp_path / "a.csv").write_text("x")
+    err(cfg(tmp_path, name="c", files=[str(tmp_path / "a.csv")]), r"data.files: unsupported file type '.csv'")
+    err(cfg(tmp_path, bogus=1), r"data.bogus is not a data config key; valid: ")
+    err(cfg(tmp_path, source="web"), r"data.source='web': valid: pydocs, hf, local")
+    err(cfg(tmp_path, files=None), r"data.files=None: source=local needs data.files")
+    err(cfg(tmp_path, tokenizer="gpt5", files=[str(wrong)]), r"data.tokenizer='gpt5' is not a tokenizer")
+
+    class Huge(Tokenizer):
+        name, eot, vocab_size = "huge", 69999, 70000
+
+    import data.tokenizer as T
+    monkeypatch.setitem(T.TOKENIZERS, "huge", Huge)
+    T.get_tokenizer.cache_clear()
+    try:
+        err(cfg(tmp_path, tokenizer="huge", files=[str(wrong)]), r"has 70000 ids, more than the uint16 shards hold")
+    finally:
+        T.get_tokenizer.cache_clear()
+
+
+def test_shard_reader_rejects_bad_files(tmp_path):
+    write_shard(tmp_path / "ok.bin", np.arange(10, dtype=np.uint16))
+    assert read_header(tmp_path / "ok.bin") == 10 and open_shard(tmp_path / "ok.bin").tolist() == list(range(10))
+    raw = bytearray((tmp_path / "ok.bin").read_bytes())
+    (tmp_path / "trunc.bin").write_bytes(raw[:-2])
+    raw[0] = 0
+    (tmp_path / "magic.bin").write_bytes(raw)
+    with pytest.raises(ShardError, match="trunc.bin: header says 10 tokens"):
+        open_shard(tmp_path / "trunc.bin")
+    with pytest.raises(ShardError, match="magic.bin: bad magic"):
+        open_shard(tmp_path / "magic.bin")
+
+
+def test_pydocs_default_corpus(tmp_path):
+    """The offline default: deterministic, big enough, built without importing stdlib modules."""
+    before = set(sys.modules)
+    c = dict(compose_data_config([]), root=str(tmp_path))
+    assert c["name"] == "pydocs" and c["tokenizer"] == "bytes" and c["source"] == "pydocs"
+    out = prepare_dataset(c, progress=False)
+    new = set(sys.modules) - before
+    assert not new & {"antigravity", "this", "turtle", "tkinter", "idlelib", "asyncio.__main__"}
+    meta = json.loads((out / "meta.json").read_text())
+    tokens = meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
+    assert tokens > 2_000_000 and meta["splits"]["val"]["documents"] >= 10
+    again = prepare_dataset(dict(c, root=str(tmp_path / "again"), max_docs=40), progress=False)
+    again2 = prepare_dataset(dict(c, root=str(tmp_path / "again2"), max_docs=40, num_workers=2), progress=False)
+    assert shard_shas(again) == shard_shas(again2)
+    # the trainer's view: batches of real text
+    x, y = TrainLoader(out, 4, 64, seed=1).get_batch(0)
+    assert x.shape == (4, 64) and int(x.max()) < 257
+    assert len(list(ValLoader(out, 8, 64, token_budget=64 * 20))) == 3
+
+
+@pytest.mark.parametrize("name", ["pydocs", "local", "openwebtext", "fineweb_edu"])
+def test_hydra_configs_validate(name, monkeypatch):
+    monkeypatch.setenv("NANONORM_DATA", "/some/root")
+    c = DataConfig.from_any(compose_data_config([f"data={name}", "data.tokenizer=gpt2"]
+                                                + (["data.files=x.txt"] if name == "local" else [])))
+    assert c.name == name and c.tokenizer == "gpt2" and c.root == "/some/root"
+    if name == "openwebtext":
+        assert (c.path, c.revision) == ("Skylion007/openwebtext", "refs/convert/parquet")
+    if name == "fineweb_edu":
+        assert c.path == "HuggingFaceFW/fineweb-edu" and c.subset == "sample-10BT"
+        assert c.out_dir == Path("/some/root/fineweb_edu-sample-10BT-gpt2")
+
+
+def test_cli_prints_one_line_error(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "data.prepare", "data=local", f"data.root={tmp_path}",
+                        f"data.files={tmp_path}/nothing/*.txt"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines()[-1].startswith("error: data.files: no file matches")
+    assert "Traceback" not in r.stderr
