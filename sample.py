@@ -1,0 +1,111 @@
+"""Sample from a checkpoint with the KV cache.
+
+    python sample.py runs/<run_name> --prompt "def fibonacci(n):" --num-samples 3 --max-new-tokens 200
+    python sample.py runs/<run_name>/checkpoints/ckpt_00010000.pt --prompt-file prompt.txt --temperature 0.8 --top-k 200
+
+The model is rebuilt from the config stored in the checkpoint. The prompt must fit in the model's
+context (block_size); when prompt plus new tokens exceed it, generation continues on a cropped window
+as nanoGPT does (see model/generate.py). An empty prompt starts a new document (end-of-text token).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("path", help="run directory (its newest checkpoint) or checkpoint file")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--prompt", default="", help="prompt text (default: empty = start of a document)")
+    src.add_argument("--prompt-file", default=None, help="read the prompt from this file")
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--crop-keep", type=int, default=None,
+                   help="tokens kept when the context overflows block_size (default: block_size, as nanoGPT)")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole window every token (slow; for checks)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA) | float32 | bfloat16 | float16")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return sample(args)
+    except Exception as e:
+        if _is_user_error(e):  # bad input: one clear line, no traceback
+            print(f"sample.py: error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+def _is_user_error(e: Exception) -> bool:
+    from model.config import ConfigError
+    from trainer.checkpoint import CheckpointError
+
+    return isinstance(e, (CheckpointError, ConfigError, ValueError, OSError))
+
+
+def sample(args) -> int:
+    import torch
+
+    from data import get_tokenizer
+    from evaluation.runtime import setup
+    from model.generate import check_generate_args, generate
+    from trainer.checkpoint import load_model
+
+    if args.num_samples < 1:
+        raise ValueError(f"--num-samples={args.num_samples}: must be >= 1")
+    prompt = Path(args.prompt_file).read_text() if args.prompt_file else args.prompt
+    ckpt_path = _resolve(args.path)
+    rt = setup(args.device, args.dtype)
+    model, ckpt = load_model(ckpt_path, device=rt.device)
+    tok = get_tokenizer(ckpt["tokenizer"])
+    ids = tok.encode(prompt) if prompt else [tok.eot]
+    block_size = model.config.block_size
+    # validate before any work, with the prompt's length in tokens in the message
+    check_generate_args(block_size, len(ids), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.crop_keep)
+    idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=rt.device)
+    gen = torch.Generator(device=rt.device).manual_seed(args.seed)
+    t0 = time.perf_counter()
+    with rt.autocast():
+        out = generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                       top_p=args.top_p, generator=gen, use_cache=not args.no_cache, crop_keep=args.crop_keep,
+                       vocab_size=tok.vocab_size, cache_dtype=rt.cache_dtype)
+    if rt.device.type == "cuda":
+        torch.cuda.synchronize()
+    dt = time.perf_counter() - t0
+    for i, row in enumerate(out.tolist()):
+        if i:
+            print("-" * 40)
+        print(tok.decode(row if prompt else row[1:]))
+    n_new = out.size(1) - idx.size(1)
+    print(f"sample: {args.num_samples} x {n_new} new tokens in {dt:.2f}s "
+          f"({args.num_samples * n_new / max(dt, 1e-9):.1f} tokens/s, {'no cache' if args.no_cache else 'KV cache'}, "
+          f"{rt.device}; step {ckpt['step']} of {ckpt_path})", file=sys.stderr)
+    return 0
+
+
+def _resolve(path) -> Path:
+    from trainer.checkpoint import CheckpointError, find_latest
+
+    p = Path(path)
+    if p.is_dir():
+        latest = find_latest(p)
+        if latest is None:
+            raise CheckpointError(f"no checkpoints (checkpoints/ckpt_*.pt) in {p}")
+        return latest
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} does not exist (give a run dir or a ckpt_*.pt file)")
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main())
