@@ -1,0 +1,1 @@
+"""nanonorm's training loop: config, distributed setup, optimizer, checkpoints, monitoring, sinks."""

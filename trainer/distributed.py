@@ -1,0 +1,93 @@
+"""Process-group setup for torchrun (NCCL on CUDA, gloo on CPU) and the few collectives the loop needs."""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+
+def env_rank() -> int:
+    """This process's global rank as torchrun/SLURM set it, before any process group exists."""
+    return int(os.environ.get("RANK", "0"))
+
+
+def init_distributed(device_pref: str = "auto") -> DistInfo:
+    """Initialise from torchrun's env vars (RANK, LOCAL_RANK, WORLD_SIZE); single process otherwise."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank, local_rank = env_rank(), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
+    if use_cuda and not torch.cuda.is_available():
+        raise RuntimeError("train.device=cuda but torch sees no CUDA device")
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    if world > 1 and not dist.is_initialized():
+        kw = {"device_id": device} if use_cuda else {}
+        dist.init_process_group(backend="nccl" if use_cuda else "gloo",
+                                timeout=datetime.timedelta(minutes=30), **kw)
+    return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+def teardown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    if dist.is_initialized():
+        dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    return t
+
+
+def gather_objects(obj):
+    """Every rank's `obj` as a list (on every rank); [obj] without a process group."""
+    if not dist.is_initialized():
+        return [obj]
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj, src: int = 0):
+    if not dist.is_initialized():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def hydra_argv_for_rank(argv: list[str], rank: int) -> list[str]:
+    """Only rank 0 writes Hydra's files (.hydra/, train.log) in the shared run dir.
+
+    The run dir itself comes from `out_dir` (no timestamps), so every rank resolves the same path.
+    """
+    if rank == 0:
+        return argv
+    extra = ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    return argv + [a for a in extra if a.split("=")[0] not in {x.split("=")[0] for x in argv}]
