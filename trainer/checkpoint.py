@@ -1,0 +1,180 @@
+"""Checkpoints (see CONTRACTS.md): atomic save, keep last K, find/load/validate, and pre-emption signals."""
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+from pathlib import Path
+from typing import Optional, Union
+
+import numpy as np
+import torch
+
+FORMAT, VERSION = "nanonorm-ckpt", 1
+_NAME = re.compile(r"^ckpt_(\d{8})\.pt$")
+_REQUIRED = ("step", "model", "model_config", "tokenizer", "optimizer", "scheduler", "rng", "loader", "config")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be used; the message names the file and the problem."""
+
+
+def ckpt_dir(run_dir: Union[str, Path]) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def ckpt_path(run_dir: Union[str, Path], step: int) -> Path:
+    return ckpt_dir(run_dir) / f"ckpt_{step:08d}.pt"
+
+
+def list_checkpoints(run_dir: Union[str, Path]) -> list[Path]:
+    """Finished checkpoints (temp files excluded), oldest first."""
+    d = ckpt_dir(run_dir)
+    if not d.is_dir():
+        return []
+    return sorted((p for p in d.iterdir() if _NAME.match(p.name)), key=lambda p: int(_NAME.match(p.name)[1]))
+
+
+def find_latest(run_dir: Union[str, Path]) -> Optional[Path]:
+    """Newest finished checkpoint of a run dir (or of a checkpoints/ dir itself), None if there is none."""
+    run_dir = Path(run_dir)
+    if run_dir.name == "checkpoints" and not ckpt_dir(run_dir).is_dir():
+        run_dir = run_dir.parent
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def save_checkpoint(state: dict, run_dir: Union[str, Path], step: int, keep_last: int) -> Path:
+    """Write to a temp name in the same dir, fsync, os.replace; then delete all but the newest keep_last."""
+    path = ckpt_path(run_dir, step)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    state = {"format": FORMAT, "version": VERSION, **state, "step": step}
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        old.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: Union[str, Path]) -> dict:
+    """Load and check a checkpoint; CheckpointError naming the file if it is corrupt or not ours."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        # Our own files: they hold numpy RNG state and plain dicts, so weights_only=False.
+        ckpt = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated zip, pickle garbage, ...
+        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(e).__name__}: {e}); "
+                              f"delete it to resume from the previous one") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a nanonorm checkpoint (no format='{FORMAT}' field)")
+    if ckpt.get("version") != VERSION:
+        raise CheckpointError(f"checkpoint {path} has version {ckpt.get('version')!r}; this code reads version {VERSION}")
+    missing = [k for k in _REQUIRED if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks field(s) {missing}")
+    return ckpt
+
+
+def strip_prefixes(state_dict: dict) -> dict:
+    """Remove torch.compile / DDP wrappers' key prefixes (in case a foreign state dict has them)."""
+    out = {}
+    for k, v in state_dict.items():
+        for pre in ("_orig_mod.", "module."):
+            while k.startswith(pre):
+                k = k[len(pre):]
+        out[k] = v
+    return out
+
+
+def load_model(path_or_run_dir: Union[str, Path], device="cpu"):
+    """(model in eval mode on `device`, checkpoint dict) from a ckpt file or a run dir's newest one."""
+    from model import GPT, GPTConfig
+
+    p = Path(path_or_run_dir)
+    if p.is_dir():
+        latest = find_latest(p)
+        if latest is None:
+            raise CheckpointError(f"no checkpoints (checkpoints/ckpt_*.pt) in {p}")
+        p = latest
+    ckpt = load_checkpoint(p)
+    model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
+    try:
+        model.load_state_dict(strip_prefixes(ckpt["model"]))
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint {p}: weights do not match its model_config: {str(e).splitlines()[0]}") from None
+    return model.to(device).eval(), ckpt
+
+
+def check_compatible(path: Path, ckpt: dict, model_config: dict, tokenizer: str) -> None:
+    """A resume must continue the same model: name the first mismatching field."""
+    saved = ckpt["model_config"]
+    diff = [k for k in sorted(set(saved) | set(model_config)) if saved.get(k) != model_config.get(k)]
+    if diff:
+        k = diff[0]
+        raise CheckpointError(f"checkpoint {path} is incompatible with this run: model_config.{k} is "
+                              f"{saved.get(k)!r} in the checkpoint but {model_config.get(k)!r} now"
+                              + (f" (and {len(diff) - 1} more field(s))" if len(diff) > 1 else ""))
+    if ckpt["tokenizer"] != tokenizer:
+        raise CheckpointError(f"checkpoint {path} is incompatible with this run: tokenizer "
+                              f"{ckpt['tokenizer']!r} in the checkpoint but {tokenizer!r} now")
+
+
+# --- RNG -----------------------------------------------------------------------------------------
+
+def rng_state() -> dict:
+    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        s["cuda"] = torch.cuda.get_rng_state_all()
+    return s
+
+
+def set_rng_state(s: dict) -> None:
+    random.setstate(s["python"])
+    np.random.set_state(s["numpy"])
+    torch.set_rng_state(s["torch"])
+    if "cuda" in s and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(s["cuda"])
+
+
+# --- pre-emption ---------------------------------------------------------------------------------
+
+class StopSignal:
+    """SIGTERM/SIGUSR1 set a flag; the loop checkpoints at the next step boundary and exits cleanly.
+
+    (A handler must not checkpoint itself: it could run mid-step, between backward and optimizer step.)
+    """
+
+    SIGNALS = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self):
+        self.received: Optional[str] = None
+        self._previous = {}
+
+    def install(self) -> "StopSignal":
+        for name in self.SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                try:
+                    self._previous[sig] = signal.signal(sig, self._handler)
+                except ValueError:  # not the main thread (e.g. some test runners): leave defaults
+                    pass
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous.clear()
