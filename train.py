@@ -1,0 +1,39 @@
+"""Train a GPT with one residual-stream normalization variant.
+
+    python train.py                                   # tiny model on pydocs, ~5 min on 2 CPU cores
+    python train.py norm=spheret norm.p=1 model=gpt_125m data=fineweb_edu train.max_steps=20000
+    torchrun --nproc_per_node=8 train.py norm=geonorm  # DDP (NCCL on CUDA, gloo on CPU)
+    python train.py train.resume=auto                 # continue the run dir's newest checkpoint
+"""
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from trainer.checkpoint import CheckpointError
+from trainer.config import ConfigError
+from trainer.distributed import env_rank, hydra_argv_for_rank
+
+
+def main(cfg: DictConfig) -> dict:
+    from trainer.loop import train
+
+    return train(cfg)
+
+
+@hydra.main(config_path="configs", config_name="config", version_base=None)
+def _hydra_main(cfg: DictConfig) -> None:
+    try:
+        result = main(cfg)
+    except (ConfigError, CheckpointError) as e:
+        # One clear line, no traceback: these are user errors (bad override, unusable checkpoint).
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    if result.get("diverged"):
+        logging.getLogger("nanonorm.train").error(result.get("message", "diverged"))
+
+
+if __name__ == "__main__":
+    sys.argv = hydra_argv_for_rank(sys.argv, env_rank())
+    _hydra_main()

@@ -1,0 +1,480 @@
+"""The training loop: setup (data, model, optimizer, resume), steps, log/eval/stats/checkpoint events.
+
+Hot path rule: a step queues device work only. Per-step loss and grad norm go into device buffers,
+the skipped-step counters and the LR live on the device; the host reads them at log steps only.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from . import checkpoint as ck
+from . import distributed as D
+from .config import ConfigError, RunConfig, parse_run_config
+from .monitor import SpikeDetector, block_grad_norms, mfu, peak_flops, residual_rms
+from .optim import LRSchedule, attach_lr, build_optimizer
+from .sinks import JsonlSink, Sink, WandbSink, truncate_jsonl
+
+log = logging.getLogger("nanonorm.train")
+
+
+def rank_seed(seed: int, rank: int) -> int:
+    """Per-rank seed (dropout etc.); rank 0 keeps `seed`, so 1 process == rank 0 of many."""
+    return (seed + 1_000_003 * rank) % (2**31)
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
+def resolve_precision(precision: str, device: torch.device) -> str:
+    if precision == "auto":
+        return "bf16" if device.type == "cuda" else "fp32"
+    return precision
+
+
+def grad_accum_steps(batch_tokens: int, micro_batch_size: int, block_size: int, world_size: int) -> int:
+    per = micro_batch_size * block_size * world_size
+    if batch_tokens % per or batch_tokens < per:
+        raise ConfigError(f"bad config train.batch_tokens={batch_tokens}: must be a positive multiple of "
+                          f"train.micro_batch_size * model.block_size * world_size = {micro_batch_size} * "
+                          f"{block_size} * {world_size} = {per}")
+    return batch_tokens // per
+
+
+class Trainer:
+    def __init__(self, cfg: DictConfig, rc: RunConfig, dist: D.DistInfo, sinks: Optional[list] = None):
+        self.cfg, self.rc, self.d = cfg, rc, dist
+        self.t, self.o, self.lg = rc.train, rc.optim, rc.logging
+        self.extra_sinks = list(sinks or [])
+        self.sinks: list[Sink] = []
+        self.stop = ck.StopSignal()
+        self._was_deterministic = torch.are_deterministic_algorithms_enabled()
+
+    # --- setup -----------------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        import data as data_mod
+        from model import GPT, GPTConfig
+
+        t, d = self.t, self.d
+        self.device = d.device
+        self.precision = resolve_precision(t.precision, self.device)
+        if self.precision == "fp16" and self.device.type == "cpu":
+            log.warning("fp16 on CPU is slow and only useful for testing the GradScaler path")
+        use_compile = (self.device.type == "cuda") if t.compile == "auto" else t.compile
+        if t.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.use_deterministic_algorithms(True)
+            torch.backends.cudnn.benchmark = False
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+        # Data: rank 0 prepares (downloads/tokenizes) first; the others then find it ready.
+        if d.is_main:
+            self.data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
+        D.barrier()
+        if not d.is_main:
+            self.data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
+        meta = json.loads((self.data_dir / "meta.json").read_text())
+        self.tok = data_mod.get_tokenizer(meta["tokenizer"])
+        self.tokenizer_name = meta["tokenizer"]
+
+        self.mcfg = GPTConfig.from_hydra(self.cfg.model, self.cfg.norm, vocab_size=self.tok.vocab_size)
+        T = self.mcfg.block_size
+        self.accum = grad_accum_steps(t.batch_tokens, t.micro_batch_size, T, d.world_size)
+        self.run_dir = Path(self.cfg.out_dir)
+        resume_path = self._resolve_resume()
+
+        # Model init from `seed` on every rank (DDP also broadcasts rank 0's weights); then per-rank seeds.
+        seed_all(t.seed)
+        self.model = GPT(self.mcfg).to(self.device)
+        seed_all(rank_seed(t.seed, d.rank))
+        self.opt = build_optimizer(self.model, self.o, self.device)
+        self.sched = LRSchedule(self.o, t.max_steps)
+        self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+        self.loader = data_mod.TrainLoader(self.data_dir, t.micro_batch_size, T, grad_accum=self.accum,
+                                           rank=d.rank, world_size=d.world_size, seed=t.seed)
+        self.val = data_mod.ValLoader(self.data_dir, t.eval_batch_size or t.micro_batch_size, T,
+                                      token_budget=t.eval_tokens, rank=d.rank, world_size=d.world_size)
+        dev = self.device
+        # Device-side state (read by the host at log steps only).
+        self.updates = torch.zeros((), dtype=torch.float64, device=dev)   # applied optimizer updates
+        self.skipped = torch.zeros((), dtype=torch.int64, device=dev)     # skipped steps, total
+        self.consec = torch.zeros((), dtype=torch.int64, device=dev)      # skipped steps in a row
+        L = self.lg.log_interval
+        self.loss_buf = torch.zeros(L, dtype=torch.float32, device=dev)
+        self.gn_buf = torch.zeros(L, dtype=torch.float32, device=dev)
+        self.nan = torch.tensor(float("nan"), device=dev)
+        self.spike_loss = SpikeDetector(self.lg.spike_window, self.lg.spike_k, self.lg.spike_min_history)
+        self.spike_gn = SpikeDetector(self.lg.spike_window, self.lg.spike_k, self.lg.spike_min_history)
+        self.best_val, self.last_val = math.inf, None
+        self.step, self.wandb_run_id = 0, None
+        if resume_path is not None:
+            self._load(resume_path)
+
+        self.fwd_model = torch.compile(self.model) if use_compile else self.model
+        self.ddp = None
+        if d.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            self.ddp = DDP(self.fwd_model, device_ids=[d.local_rank] if dev.type == "cuda" else None)
+        self.train_model = self.ddp or self.fwd_model
+        if self.precision == "fp32":
+            self.autocast = contextlib.nullcontext
+        else:
+            dt = torch.bfloat16 if self.precision == "bf16" else torch.float16
+            self.autocast = lambda: torch.autocast(dev.type, dtype=dt)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.flops_per_token = float(self.model.flops_per_token())
+        self.peak = peak_flops(dev, self.precision)
+        self._open_sinks(resume_path)
+        self.stop.install()
+        if d.is_main and self.lg.console:
+            log.info(f"run dir {self.run_dir} | {self.mcfg.norm} | {self.model.num_params() / 1e6:.2f}M params | "
+                     f"{d.world_size} rank(s) x {t.micro_batch_size} seq x {T} tok x {self.accum} accum = "
+                     f"{t.batch_tokens} tok/step | {self.precision} | compile={use_compile} | device {dev}"
+                     + (f" | resumed from {resume_path} at step {self.step}" if resume_path else ""))
+
+    def _resolve_resume(self) -> Optional[Path]:
+        """Rank 0 decides (fresh, resume from which file, or error) and tells the other ranks."""
+        decision = None
+        if self.d.is_main:
+            decision = self._decide_resume()
+        decision = D.broadcast_object(decision)
+        if decision[0] == "error":
+            raise ConfigError(decision[1])
+        return Path(decision[1]) if decision[1] else None
+
+    def _decide_resume(self):
+        t, run_dir = self.t, self.run_dir
+        latest = ck.find_latest(run_dir)
+        metrics = run_dir / "metrics.jsonl"
+        if t.resume == "auto":
+            if latest is None:
+                truncate_jsonl(metrics, -1)  # a run that never checkpointed: its records are stale
+            return ("ok", str(latest) if latest else None)
+        if t.resume != "none":
+            p = Path(t.resume)
+            if p.is_dir():
+                p = ck.find_latest(p)
+                if p is None:
+                    return ("error", f"bad config train.resume={t.resume!r}: no checkpoints in that directory")
+            elif not p.is_file():
+                return ("error", f"bad config train.resume={t.resume!r}: valid: none, auto, or an existing ckpt_*.pt / run dir")
+            return ("ok", str(p))
+        if latest is not None or (metrics.exists() and metrics.stat().st_size > 0):
+            if not t.overwrite:
+                return ("error", f"run dir {run_dir} already holds a run ({latest or metrics}); pass train.resume=auto "
+                                 f"to continue it, train.overwrite=true to start over, or another run_name=...")
+            shutil.rmtree(ck.ckpt_dir(run_dir), ignore_errors=True)
+            metrics.unlink(missing_ok=True)
+        return ("ok", None)
+
+    def _load(self, path: Path) -> None:
+        ckpt = ck.load_checkpoint(path)
+        ck.check_compatible(path, ckpt, self.mcfg.to_dict(), self.tokenizer_name)
+        try:
+            self.model.load_state_dict(ck.strip_prefixes(ckpt["model"]))
+            self.opt.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise ck.CheckpointError(f"checkpoint {path} does not fit this model/optimizer: {str(e).splitlines()[0]}") from None
+        attach_lr(self.opt)
+        s = ckpt["scheduler"]
+        self.updates.fill_(s["updates"])
+        self.skipped.fill_(s["skipped_total"])
+        self.consec.fill_(s["consecutive_skipped"])
+        if self.scaler is not None and s.get("scaler"):
+            self.scaler.load_state_dict(s["scaler"])
+        m = ckpt.get("monitor") or {}
+        if m:
+            self.spike_loss.load_state_dict(m["spike_loss"])
+            self.spike_gn.load_state_dict(m["spike_grad_norm"])
+            self.best_val, self.last_val = m["best_val_loss"], m["last_val"]
+        self.loader.load_state_dict(ckpt["loader"])
+        rng = ckpt["rng"]
+        if rng.get("world_size") == self.d.world_size:
+            ck.set_rng_state(rng["per_rank"][self.d.rank])
+        else:  # a different world size cannot continue every rank's streams: derive fresh ones
+            log.warning(f"resuming {path} with world size {self.d.world_size} (saved with {rng.get('world_size')}): "
+                        f"RNG streams re-derived; data order is unchanged")
+            seed_all(rank_seed(self.t.seed + ckpt["step"], self.d.rank))
+        self.step = int(ckpt["step"])
+        self.wandb_run_id = ckpt.get("wandb_run_id")
+
+    def _open_sinks(self, resume_path: Optional[Path]) -> None:
+        if not self.d.is_main:
+            return
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        resolved = OmegaConf.to_container(self.cfg, resolve=True)
+        tmp = self.run_dir / ".config.yaml.tmp"
+        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(resolved)))
+        tmp.replace(self.run_dir / "config.yaml")
+        metrics = self.run_dir / "metrics.jsonl"
+        if resume_path is not None:
+            truncate_jsonl(metrics, self.step)
+        self.sinks = [JsonlSink(metrics)]
+        w = self.lg.wandb
+        if w.mode != "disabled":
+            sink = WandbSink(w, str(self.cfg.run_name), self.run_dir, resolved, self.wandb_run_id)
+            self.wandb_run_id = sink.run_id
+            self.sinks.append(sink)
+        self.sinks.extend(self.extra_sinks)
+
+    def emit(self, record: dict) -> None:
+        for s in self.sinks:
+            s.log(record)
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        t, lg = self.t, self.lg
+        result = {"run_dir": str(self.run_dir), "stopped": None, "diverged": False}
+        if self.step == 0:
+            self.evaluate()
+        n_buf, t0, excluded = 0, time.perf_counter(), 0.0
+        while self.step < t.max_steps:
+            s = self.step + 1  # the step being made; records use completed-step counts
+            is_stats = s % lg.stats_interval == 0
+            gn = self.train_step(s, is_stats, n_buf)
+            self.step, n_buf = s, n_buf + 1
+            last = s == t.max_steps
+            is_ckpt = s % t.ckpt_interval == 0 or last or (t.stop_at is not None and s >= t.stop_at)
+            if is_stats:
+                e0 = time.perf_counter()
+                self.log_stats(s)
+                excluded += time.perf_counter() - e0
+            # Log steps: every log_interval, plus before any checkpoint (so a resumed run logs identically).
+            if s % lg.log_interval == 0 or is_ckpt or n_buf == lg.log_interval:
+                elapsed = time.perf_counter() - t0 - excluded
+                signal_seen, consec = self.log_train(s, n_buf, elapsed)
+                n_buf, t0, excluded = 0, time.perf_counter(), 0.0
+                if consec >= t.max_skipped:
+                    result["diverged"] = True
+                    msg = (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped "
+                           f"(train.max_skipped={t.max_skipped}); the run has diverged")
+                    log.error(msg)
+                    result["message"] = msg
+                    self.evaluate()
+                    result["checkpoint"] = str(self.save())
+                    break
+                if signal_seen:
+                    result["stopped"] = signal_seen
+                    result["checkpoint"] = str(self.save())
+                    log.warning(f"{signal_seen} received: checkpoint saved at step {s}; "
+                                f"continue with train.resume=auto")
+                    return self._finish(result, summary=False)
+            e0 = time.perf_counter()
+            if s % t.eval_interval == 0 or last:
+                self.evaluate()
+            if is_ckpt:
+                result["checkpoint"] = str(self.save())
+                if t.stop_at is not None and s >= t.stop_at and not last:
+                    result["stopped"] = "stop_at"
+                    return self._finish(result, summary=False)
+            excluded += time.perf_counter() - e0
+        return self._finish(result, summary=True)
+
+    def train_step(self, s: int, is_stats: bool, slot: int) -> torch.Tensor:
+        t, dev = self.t, self.device
+        self.opt.lr_tensor.copy_(self.sched(self.updates))
+        bstep = 0 if t.overfit_batch else s - 1
+        loss_sum = torch.zeros((), device=dev)
+        for micro in range(self.accum):
+            x, y = self.loader.get_batch(bstep, micro)
+            if dev.type == "cuda":
+                x, y = x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
+            # DDP: all-reduce gradients on the last micro-step only.
+            sync = self.ddp is None or micro == self.accum - 1
+            with (contextlib.nullcontext() if sync else self.ddp.no_sync()):
+                with self.autocast():
+                    _, loss = self.train_model(x, y)
+                if t.inject_nan_at is not None and 0 <= s - t.inject_nan_at < t.inject_nan_steps:
+                    loss = loss * self.nan
+                loss_sum += loss.detach().float()
+                scaled = loss / self.accum
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.opt)
+        if is_stats:
+            self._block_gn = block_grad_norms(self.model.block_modules())
+            self._stats_batch = x
+        grads = [p.grad for p in self.params if p.grad is not None]
+        gn = torch.nn.utils.get_total_norm(grads, foreach=True)
+        if self.o.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.o.grad_clip, gn, foreach=True)
+        # Gradients are all-reduced, so `bad` agrees on every rank: all ranks skip together.
+        bad = ~torch.isfinite(gn)
+        if self.scaler is not None:
+            self.scaler.step(self.opt)  # skips on inf/NaN itself (sync-free with the fused optimizer)
+            self.scaler.update()
+        elif self.opt.is_fused:
+            self.opt.found_inf = bad.float()  # fused AdamW skips the whole update when found_inf == 1
+            self.opt.step()
+        elif not bad.item():  # non-fused fallback: one host sync per step
+            self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+        self.updates += (~bad).double()
+        self.skipped += bad.long()
+        self.consec.copy_(torch.where(bad, self.consec + 1, torch.zeros_like(self.consec)))
+        self.loss_buf[slot] = loss_sum / self.accum
+        self.gn_buf[slot] = gn.float()
+        return gn
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def log_train(self, s: int, n: int, elapsed: float):
+        """Read the device buffers (the per-interval host sync), reduce over ranks, detect spikes, emit."""
+        W = self.d.world_size
+        flag = 1.0 if self.stop.received else 0.0
+        per_step = self.loss_buf[:n].clone()
+        D.all_reduce_(per_step, "sum")
+        mx = torch.cat([self.loss_buf[:n], torch.tensor([flag], device=self.device)])
+        D.all_reduce_(mx, "max")
+        host = torch.cat([per_step / W, mx, self.gn_buf[:n],
+                          torch.stack([self.skipped.float(), self.consec.float(), self.opt.lr_tensor.float()])]).tolist()
+        losses, maxes, signal_seen = host[:n], host[n:2 * n], host[2 * n] > 0
+        gns, (skipped, consec, lr) = host[2 * n + 1:3 * n + 1], host[3 * n + 1:]
+        first = s - n + 1
+        for i in range(n):
+            for metric, det, v in (("loss", self.spike_loss, losses[i]), ("grad_norm", self.spike_gn, gns[i])):
+                z = det.update(v)
+                if z is not None and self.d.is_main:
+                    self.emit({"kind": "spike", "step": first + i, "tokens": (first + i) * self.t.batch_tokens,
+                               "metric": metric, "value": v, "z": z})
+                    log.warning(f"spike in {metric} at step {first + i}: {v:.4g} (z={z:.1f})")
+        tps = n * self.t.batch_tokens / max(elapsed, 1e-9)
+        rec = {"kind": "train", "step": s, "tokens": s * self.t.batch_tokens,
+               "loss": _fmean(losses), "loss_max": _fmean(maxes), "lr": lr, "grad_norm": _fmean(gns),
+               "tokens_per_s": tps, "step_time": elapsed / n, "mfu": mfu(self.flops_per_token, tps / W, self.peak),
+               "skipped_steps": int(skipped), "spikes_loss": self.spike_loss.count,
+               "spikes_grad_norm": self.spike_gn.count}
+        if self.d.is_main:
+            self.emit(rec)
+            if self.lg.console:
+                log.info(f"step {s}/{self.t.max_steps} | loss {rec['loss']:.4f} | lr {lr:.3g} | grad norm "
+                         f"{rec['grad_norm']:.3g} | {tps:,.0f} tok/s | {1000 * elapsed / n:.0f} ms/step"
+                         + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "")
+                         + (f" | skipped {int(skipped)}" if skipped else ""))
+        return (self.stop.received or "signal") if signal_seen else None, int(consec)
+
+    @torch.no_grad()
+    def evaluate(self) -> None:
+        """Mean loss over the fixed validation budget, summed over ranks (padding targets are -1)."""
+        m = self.fwd_model
+        m.eval()
+        tot = torch.zeros(2, dtype=torch.float64, device=self.device)
+        for x, y in self.val:
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            with self.autocast():
+                _, loss = m(x, y)
+            n = (y != -1).sum()
+            tot[0] += torch.where(n > 0, loss.double() * n, torch.zeros((), dtype=torch.float64, device=self.device))
+            tot[1] += n
+        m.train()
+        D.all_reduce_(tot, "sum")
+        loss_sum, count = tot.tolist()
+        val = loss_sum / count if count else float("nan")
+        self.last_val = val
+        if math.isfinite(val):
+            self.best_val = min(self.best_val, val)
+        if self.d.is_main:
+            ppl = math.exp(val) if val < 700 else float("inf")
+            self.emit({"kind": "eval", "step": self.step, "tokens": self.step * self.t.batch_tokens,
+                       "val_loss": val, "val_ppl": ppl})
+            if self.lg.console:
+                log.info(f"step {self.step} | val loss {val:.4f} | val ppl {ppl:.2f}")
+
+    @torch.no_grad()
+    def log_stats(self, s: int) -> None:
+        """Residual RMS per sublayer (an extra eval-mode forward of this step's last micro-batch, rank 0's
+        view), per-block grad norms (pre-clip, this step), and the sphere family's norm_stats()."""
+        if not self.d.is_main:
+            return
+        m = self.model  # eager, unwrapped: return_hidden must not trigger recompiles
+        m.eval()
+        m.set_stats_tracking(True)
+        with self.autocast():
+            out = m(self._stats_batch, return_hidden=True)
+        stats = {**residual_rms(out[2]), **self._block_gn, **m.norm_stats()}
+        m.set_stats_tracking(False)
+        m.train()
+        keys = list(stats)
+        vals = torch.stack([stats[k].detach().float().reshape(()) for k in keys]).tolist()
+        self.emit({"kind": "stats", "step": s, "tokens": s * self.t.batch_tokens, **dict(zip(keys, vals))})
+
+    def save(self) -> Optional[Path]:
+        rng = D.gather_objects(ck.rng_state())  # every rank's streams, for an exact resume
+        path = None
+        if self.d.is_main:
+            state = {
+                "model": self.model.state_dict(), "model_config": self.mcfg.to_dict(),
+                "tokenizer": self.tokenizer_name, "data_dir": str(self.data_dir),
+                "optimizer": self.opt.state_dict(),
+                "scheduler": {"kind": self.o.schedule, "updates": self.updates.item(),
+                              "skipped_total": int(self.skipped.item()), "consecutive_skipped": int(self.consec.item()),
+                              "scaler": self.scaler.state_dict() if self.scaler else None},
+                "monitor": {"spike_loss": self.spike_loss.state_dict(), "spike_grad_norm": self.spike_gn.state_dict(),
+                            "best_val_loss": self.best_val, "last_val": self.last_val},
+                "rng": {"world_size": self.d.world_size, "per_rank": rng},
+                "loader": self.loader.state_dict(),
+                "config": OmegaConf.to_container(self.cfg, resolve=True),
+                "wandb_run_id": self.wandb_run_id,
+            }
+            path = ck.save_checkpoint(state, self.run_dir, self.step, self.t.keep_last)
+            if self.lg.console:
+                log.info(f"saved {path}")
+        D.barrier()
+        return path
+
+    def _finish(self, result: dict, summary: bool) -> dict:
+        result["steps"] = self.step
+        if summary and self.d.is_main:
+            rec = {"kind": "summary", "step": self.step, "tokens": self.step * self.t.batch_tokens,
+                   "final_val_loss": self.last_val,
+                   "final_val_ppl": math.exp(self.last_val) if self.last_val is not None and self.last_val < 700 else None,
+                   "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
+                   "spikes_loss": self.spike_loss.count, "spikes_grad_norm": self.spike_gn.count,
+                   "skipped_steps": int(self.skipped.item()), "diverged": bool(result["diverged"]),
+                   "steps": self.step, "norm": self.mcfg.norm, "seed": self.t.seed}
+            self.emit(rec)
+            result["summary"] = rec
+        return result
+
+    def close(self) -> None:
+        self.stop.uninstall()
+        torch.use_deterministic_algorithms(self._was_deterministic)  # in-process callers (tests) get theirs back
+        for s in self.sinks:
+            s.close()
+
+
+def _fmean(xs):
+    f = [x for x in xs if math.isfinite(x)]
+    return sum(f) / len(f) if f else float("nan")
+
+
+def train(cfg: DictConfig, sinks: Optional[list] = None) -> dict:
+    """Run one training job from a composed Hydra config. Returns a result dict (summary, checkpoint)."""
+    rc = parse_run_config(cfg)  # validate before touching devices or data
+    dist = D.init_distributed(rc.train.device)
+    trainer = Trainer(cfg, rc, dist, sinks)
+    try:
+        trainer.setup()
+        return trainer.run()
+    finally:
+        trainer.close()
+        D.teardown()
