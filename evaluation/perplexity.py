@@ -8,6 +8,7 @@ world size (up to float summation order).
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 from pathlib import Path
@@ -20,18 +21,23 @@ from .scoring import count_windows, plan_windows, score_batch
 
 
 def split_shards(data_dir, split: str) -> list[Path]:
-    """The split's shard files in order; one clear error naming what exists when there are none."""
+    """The split's shard files in order (data's reader: meta.json, else llm.c file names); one clear
+    error naming the splits that exist when there are none."""
+    from data.loader import split_files
+
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise FileNotFoundError(f"data dir {data_dir} does not exist; prepare it with the run's data config "
                                 f"or pass --data-dir")
-    pat = re.compile(rf"^{re.escape(split)}_(\d+)\.bin$")
-    shards = sorted((p for p in data_dir.iterdir() if pat.match(p.name)), key=lambda p: int(pat.match(p.name)[1]))
-    if not shards:
-        have = sorted({m[1] for p in data_dir.iterdir() if (m := re.match(r"^(.+)_\d+\.bin$", p.name))})
-        raise FileNotFoundError(f"no '{split}' shards ({split}_*.bin) in {data_dir}; splits there: "
-                                f"{', '.join(have) or 'none'}")
-    return shards
+    files = split_files(data_dir, split)
+    if not files:
+        meta = data_dir / "meta.json"
+        if meta.is_file():
+            have = sorted(json.loads(meta.read_text()).get("splits", {}))
+        else:
+            have = sorted({m[1] for p in data_dir.iterdir() if (m := re.match(r"^(.+)_\d+\.bin$", p.name))})
+        raise FileNotFoundError(f"no '{split}' shards in {data_dir}; splits there: {', '.join(have) or 'none'}")
+    return files
 
 
 def evaluate_perplexity(model, data_dir, split: str = "val", *, stride: Optional[int] = None,

@@ -1,0 +1,259 @@
+"""eval.py and evaluation/: lm-eval adapter scoring, rolling windows, a local task end to end,
+strided perplexity, the CLI's outputs and its errors. Tiny models (2 layers, d=32, byte tokenizer)."""
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from lm_eval import utils as lm_utils
+from lm_eval.api.instance import Instance
+
+from data import get_tokenizer
+from data.shards import shard_name, write_shard
+from evaluation.harness import NanoLM, run_tasks
+from evaluation.perplexity import evaluate_perplexity
+from evaluation.scoring import plan_windows
+from model import GPT, GPTConfig
+
+BLOCK = 16
+
+
+def tiny_model(norm="pre_ln", seed=0, block_size=BLOCK):
+    torch.manual_seed(seed)
+    m = GPT(GPTConfig(norm=norm, vocab_size=320, block_size=block_size, n_layer=2, n_head=2, n_embd=32))
+    with torch.no_grad():  # larger weights than GPT-2's init: peaked, input-dependent predictions
+        for p in m.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    return m.eval()
+
+
+def save_ckpt(path, model, data_dir="", step=5, wandb_run_id=None):
+    """A checkpoint in the CONTRACTS.md format, built directly (no trainer needed)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"format": "nanonorm-ckpt", "version": 1, "step": step, "model": model.state_dict(),
+                "model_config": model.config.to_dict(), "tokenizer": "bytes", "data_dir": str(data_dir),
+                "optimizer": {}, "scheduler": {}, "rng": {}, "loader": {}, "config": {},
+                "wandb_run_id": wandb_run_id}, path)
+    return path
+
+
+def logprobs(model, tokens):
+    """log p(tokens[i] | tokens[:i]) for i >= 1, from one full forward (tokens fit in the context)."""
+    x = torch.tensor([tokens[:-1]])
+    logits, _ = model(x)
+    lp = torch.log_softmax(logits[0].double(), dim=-1)
+    return [lp[i, t].item() for i, t in enumerate(tokens[1:])], logits[0].argmax(-1).tolist()
+
+
+def req(kind, *args):
+    return Instance(request_type=kind, doc={}, arguments=args, idx=0)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    return NanoLM(tiny_model(), get_tokenizer("bytes"), batch_size=3)
+
+
+def test_loglikelihood_equals_hand_computed_sum(lm):
+    tok, model = lm.tokenizer, lm.model
+    pairs = [("Hello", " world"), ("ab", "c"), ("", "xyz"), ("The answer is ", "42"),
+             ("a much longer context than the window " * 2, " tail")]  # left-truncated context
+    out = lm.loglikelihood([req("loglikelihood", c, x) for c, x in pairs])
+    assert len(out) == len(pairs)
+    for (ctx, cont), (got, greedy) in zip(pairs, out):
+        if ctx.endswith(" "):  # the harness moves trailing context spaces into the continuation
+            ctx, cont = ctx.rstrip(" "), " " * (len(ctx) - len(ctx.rstrip(" "))) + cont
+        c, x = (tok.encode(ctx) or [tok.eot]), tok.encode(cont)
+        full = (c + x)[-(BLOCK + 1):]  # what fits in the model's context
+        lps, argmax = logprobs(model, full)
+        want = sum(lps[-len(x):])
+        assert got == pytest.approx(want, abs=1e-4), (ctx, cont)
+        assert greedy == (argmax[-len(x):] == x)
+    assert all(lp < 0 for lp, _ in out)
+
+
+def test_greedy_flag_true_for_the_argmax_continuation(lm):
+    ids = lm.tokenizer.encode("seed")
+    for _ in range(3):  # build the model's own greedy continuation
+        _, argmax = logprobs(lm.model, ids + [0])
+        ids.append(argmax[len(ids) - 1])
+    (lp, greedy), = lm._loglikelihood_tokens([(None, ids[:4], ids[4:])])
+    (lp2, greedy2), = lm._loglikelihood_tokens([(None, ids[:4], ids[4:6] + [(ids[6] + 1) % 256])])
+    assert not greedy2 and lp2 < lp
+    assert greedy
+
+
+def test_loglikelihood_rolling_handles_text_longer_than_block_size(lm):
+    tok, model = lm.tokenizer, lm.model
+    short, long_ = "short text", "a rolling text much longer than the sixteen-token context! " * 2
+    assert len(tok.encode(long_)) > 4 * BLOCK
+    got = lm.loglikelihood_rolling([req("loglikelihood_rolling", short), req("loglikelihood_rolling", long_)])
+    # short: one window, conditioned on end-of-text
+    lps, _ = logprobs(model, [tok.eot] + tok.encode(short))
+    assert got[0] == pytest.approx(sum(lps), abs=1e-4)
+    # long: the harness's own rolling windows (disjoint, each with full context), scored one by one
+    want = 0.0
+    for ctx, pred in map(lm_utils.make_disjoint_window,
+                         lm_utils.get_rolling_token_windows(tok.encode(long_), tok.eot, BLOCK, 1)):
+        lps, _ = logprobs(model, ctx + pred)
+        want += sum(lps[-len(pred):])
+    assert got[1] == pytest.approx(want, abs=1e-3)
+    # and every token scored once: the sum differs from scoring only the last window
+    assert got[1] < sum(lps[-len(pred):]) - 1.0
+
+
+def test_windows_score_every_target_once_with_bounded_context():
+    for n, first, stride in [(50, 1, BLOCK), (50, 1, 5), (50, 30, BLOCK), (17, 1, BLOCK), (3, 1, 2)]:
+        ws = list(plan_windows(n, first, BLOCK, stride))
+        assert [t for w in ws for t in range(w.first, w.end)] == list(range(first, n))
+        assert all(w.end - 1 - w.start <= BLOCK for w in ws)
+        # every target but the earliest sees at least block_size - stride tokens (or all before it)
+        for w in ws:
+            assert w.first - w.start >= min(w.first, BLOCK - stride + 1)
+
+
+def write_task(dir_, name="toy_mc", data_file=None):
+    docs = [{"q": "The cat sat on the", "choices": ["mat", "sky", "moon"], "label": 0},
+            {"q": "Water is", "choices": ["wet", "dry"], "label": 0},
+            {"q": "One plus one is", "choices": ["two", "three", "five"], "label": 0},
+            {"q": "Fire is", "choices": ["cold", "hot"], "label": 1}]
+    if data_file is None:
+        data_file = dir_ / f"{name}.jsonl"
+        data_file.write_text("".join(json.dumps(d) + "\n" for d in docs))
+    (dir_ / f"{name}.yaml").write_text(f"""task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data_file}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{q}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+""")
+    return docs
+
+
+def test_local_multiple_choice_task_end_to_end_through_task_manager(lm, tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    docs = write_task(tmp_path)
+    write_task(tmp_path, "toy_missing", data_file=tmp_path / "nowhere.jsonl")  # data cannot be loaded
+    lines = []
+    results, failures = run_tasks(lm, ["toy_missing", "toy_mc"], include_path=str(tmp_path),
+                                  bootstrap_iters=0, echo=lines.append)
+    # the broken task fails alone, with one line naming it; the other still runs
+    assert list(failures) == ["toy_missing"] and len(lines) == 1 and lines[0].startswith("task toy_missing failed")
+    assert "\n" not in failures["toy_missing"]
+    # accuracy equals the argmax of our own loglikelihoods over the choices (the harness puts its
+    # target_delimiter, a space, between question and choice)
+    correct = 0
+    for d in docs:
+        scores = lm.loglikelihood([req("loglikelihood", d["q"], " " + c) for c in d["choices"]])
+        correct += int(np.argmax([s for s, _ in scores]) == d["label"])
+    assert results["toy_mc"]["acc"] == pytest.approx(correct / len(docs))
+    assert results["toy_mc"]["samples"] == len(docs)
+
+
+def write_split(dir_, lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    dir_.mkdir(parents=True, exist_ok=True)
+    toks = []
+    for i, n in enumerate(lengths):
+        t = np.concatenate([[256], rng.integers(0, 256, n - 1)]).astype(np.uint16)  # eot starts a shard
+        write_shard(dir_ / shard_name("val", i), t)
+        toks.append(t.astype(np.int64))
+    return toks
+
+
+def direct_nll(model, toks, context):
+    """Token by token: target i predicted from the previous `context(i)` tokens."""
+    nll, n = 0.0, 0
+    for t in toks:
+        for i in range(1, len(t)):
+            x = torch.tensor(t[max(0, i - context(i)):i])[None]
+            logits, _ = model(x, last_only=True)
+            nll -= torch.log_softmax(logits[0, -1].double(), -1)[t[i]].item()
+            n += 1
+    return nll / n, n
+
+
+def test_perplexity_matches_direct_computation(tmp_path):
+    model = tiny_model(seed=1)
+    toks = write_split(tmp_path / "data", [3 * BLOCK + 1, 2 * BLOCK + 1])  # whole chunks: the val-loss layout
+    # stride = block_size: non-overlapping chunks; target i sees the tokens since its chunk began
+    r = evaluate_perplexity(model, tmp_path / "data", "val", batch_size=2)
+    want, n = direct_nll(model, toks, lambda i: (i - 1) % BLOCK + 1)
+    assert r["tokens"] == n == 5 * BLOCK
+    assert r["loss"] == pytest.approx(want, rel=1e-5) and r["ppl"] == pytest.approx(math.exp(want), rel=1e-5)
+    # the same as the mean of the model's own loss over the chunks
+    losses = [model(torch.tensor(t[s:s + BLOCK])[None], torch.tensor(t[s + 1:s + BLOCK + 1])[None])[1].item()
+              for t in toks for s in range(0, len(t) - 1, BLOCK)]
+    assert r["loss"] == pytest.approx(sum(losses) / len(losses), rel=1e-5)
+    # stride 1: every target gets the full block_size of context
+    r1 = evaluate_perplexity(model, tmp_path / "data", "val", stride=1, batch_size=7)
+    want1, _ = direct_nll(model, toks, lambda i: BLOCK)
+    assert r1["loss"] == pytest.approx(want1, rel=1e-5) and r1["loss"] != pytest.approx(r["loss"], rel=1e-4)
+    # a token budget scores exactly that many tokens, from the start of the split
+    rb = evaluate_perplexity(model, tmp_path / "data", "val", stride=4, token_budget=20, batch_size=3)
+    wantb, _ = direct_nll(model, [toks[0][:21]], lambda i: i if i <= BLOCK else BLOCK - 4 + 1 + (i - BLOCK - 1) % 4)
+    assert rb["tokens"] == 20 and rb["loss"] == pytest.approx(wantb, rel=1e-5)
+
+
+def run_eval(capsys, *argv):
+    import eval as eval_cli
+
+    rc = eval_cli.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_eval_cli_json_markdown_and_wandb(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
+    model = tiny_model(seed=2)
+    write_split(tmp_path / "data", [2 * BLOCK + 1, 40])
+    run = tmp_path / "runs" / "r1"
+    save_ckpt(run / "checkpoints" / "ckpt_00000003.pt", tiny_model(seed=9), tmp_path / "data", step=3)
+    save_ckpt(run / "checkpoints" / "ckpt_00000005.pt", model, tmp_path / "data", step=5, wandb_run_id="evaltest1")
+    write_task(tmp_path)
+    rc, out, err = run_eval(capsys, run, "--tasks", "toy_mc", "--include-path", tmp_path, "--stride", "8",
+                            "--bootstrap-iters", "0")
+    assert rc == 0, err
+    res = json.loads((run / "eval" / "eval_00000005.json").read_text())  # the newest checkpoint
+    assert res["step"] == 5 and res["norm"] == "pre_ln" and res["tokenizer"] == "bytes"
+    direct = evaluate_perplexity(model, tmp_path / "data", "val", stride=8)
+    assert res["perplexity"]["loss"] == pytest.approx(direct["loss"], rel=1e-9)
+    assert res["perplexity"]["tokens"] == 2 * BLOCK + 39
+    assert set(res["tasks"]["toy_mc"]) >= {"acc", "samples"} and res["failed_tasks"] == {}
+    assert "| toy_mc | acc |" in out and f"{res['perplexity']['ppl']:.4f}" in out
+    # logged to the run's own wandb run id (offline run dir carries the id)
+    assert list((tmp_path / "runs" / "r1").glob("**/offline-run-*-evaltest1")) or list(tmp_path.glob("**/offline-run-*-evaltest1"))
+
+
+@pytest.mark.parametrize("setup, needle", [
+    (lambda p: p / "missing", "does not exist"),
+    (lambda p: (p / "empty_run").mkdir() or p / "empty_run", "no checkpoints"),
+    (lambda p: (p / "junk.pt").write_bytes(b"not a checkpoint") and p / "junk.pt", "corrupt or unreadable"),
+    (lambda p: torch.save({"model": {}}, p / "other.pt") or p / "other.pt", "not a nanonorm checkpoint"),
+])
+def test_bad_checkpoint_paths_give_one_clear_line(tmp_path, capsys, setup, needle):
+    path = setup(tmp_path)
+    rc, out, err = run_eval(capsys, path, "--tasks", "none", "--split", "null")
+    assert rc == 2 and needle in err and str(path) in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_bad_eval_options_give_one_clear_line(tmp_path, capsys):
+    ckpt = save_ckpt(tmp_path / "c.pt", tiny_model())
+    rc, _, err = run_eval(capsys, ckpt, "--stride", "0")
+    assert rc == 2 and "stride=0" in err and len(err.strip().splitlines()) == 1
+    write_split(tmp_path / "data", [40])
+    rc, _, err = run_eval(capsys, ckpt, "--tasks", "none", "--data-dir", tmp_path / "data", "--split", "test")
+    assert rc == 2 and "no 'test' shards" in err and "val" in err
