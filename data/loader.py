@@ -20,7 +20,6 @@ import warnings
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .config import DataError
 from .shards import open_shard
@@ -108,7 +107,9 @@ class _Windows:
         return buf
 
 
-def _xy(buf: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+def _xy(buf: np.ndarray) -> tuple["torch.Tensor", "torch.Tensor"]:
+    import torch  # lazily: `import data` (and the prepare workers) stay light
+
     t = torch.from_numpy(buf.astype(np.int64))
     return t[:, :-1].contiguous(), t[:, 1:].contiguous()
 
@@ -157,7 +158,7 @@ class TrainLoader:
             out[m] = self._perm(int(e))(within[m])
         return out
 
-    def get_batch(self, step: int, micro_step: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def get_batch(self, step: int, micro_step: int = 0):
         """(x, y) int64 [micro_batch_size, block_size] on CPU; a pure function of (seed, step, micro_step,
         rank) for fixed data, global batch and block_size."""
         return _xy(self.w.read(self.windows(step, micro_step)))
@@ -203,5 +204,5 @@ class ValLoader:
             seq = self.rank + self.world * (b * self.B + np.arange(self.B, dtype=np.int64))
             valid = seq < self.num_sequences
             x, y = _xy(self.w.read(np.where(valid, seq, 0)))
-            y[torch.from_numpy(~valid)] = -1
+            y[np.nonzero(~valid)[0].tolist()] = -1   # padding rows: ignore_index
             yield x, y
