@@ -12,7 +12,7 @@ class DataError(ValueError):
     """Bad data config or input; the message is one line naming the key/file and what is valid."""
 
 
-SOURCES = ("pydocs", "hf", "local")
+SOURCES = ("pydocs", "hf", "local", "shards")
 SAMPLE_BY = ("document", "paragraph", "line")
 
 
@@ -21,7 +21,7 @@ class DataConfig:
     name: str
     tokenizer: str = "bytes"
     root: str = "data_cache"          # prepared data root; the yaml default reads env NANONORM_DATA
-    source: str = "pydocs"            # pydocs | hf | local
+    source: str = "pydocs"            # pydocs | hf | local | shards (existing llm.c .bin files in `path`)
     # hf: datasets.load_dataset(path, name=subset, revision=revision, split=split, streaming=streaming)
     path: str | None = None
     subset: str | None = None
@@ -88,6 +88,8 @@ class DataConfig:
                 bad(key, "must be a glob or a list of globs")
         if self.source == "hf" and not self.path:
             bad("path", "source=hf needs a dataset path, e.g. HuggingFaceFW/fineweb-edu")
+        if self.source == "shards" and not (self.path and os.path.isdir(os.path.expanduser(self.path))):
+            bad("path", "source=shards needs the directory holding existing *train_*.bin / *val_*.bin shards")
         if self.source == "local" and not self.files:
             bad("files", "source=local needs data.files (a glob or list of globs of .txt/.jsonl/.parquet)")
         if not isinstance(self.val_fraction, (int, float)) or not 0 <= self.val_fraction < 1:

@@ -199,7 +199,7 @@ def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
             if not f.exists() or f.stat().st_size != HEADER_BYTES + sh["tokens"] * TOKEN_DTYPE.itemsize:
                 raise DataError(f"{f}: missing or wrong size for {sh['tokens']} tokens (recorded in {meta_path}); "
                                 f"delete {out} to prepare again")
-            if verify and sha256_file(f) != sh["sha256"]:
+            if verify and sh["sha256"] and sha256_file(f) != sh["sha256"]:
                 raise DataError(f"{f}: sha256 does not match {meta_path}; delete {out} to prepare again")
     return True
 
@@ -213,6 +213,8 @@ def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress:
     if not force and _check_prepared(cfg, out, verify):
         return out
     tok = get_tokenizer(cfg.tokenizer)
+    if cfg.source == "shards":
+        return _adopt_shards(cfg, tok, out)
     if tok.vocab_size > MAX_VOCAB:
         raise DataError(f"data.tokenizer={cfg.tokenizer!r} has {tok.vocab_size} ids, more than the uint16 shards "
                         f"hold ({MAX_VOCAB}); use a tokenizer with at most {MAX_VOCAB} ids")
@@ -224,6 +226,30 @@ def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress:
         if force:
             _clear(out)
         _run(cfg, tok, out, progress, _fail_after_shards)
+    return out
+
+
+def _adopt_shards(cfg: DataConfig, tok, out: Path) -> Path:
+    """Existing llm.c shards (e.g. modded-nanogpt's fineweb10B): validate the headers and write a
+    meta.json that points at them by absolute path; nothing is copied or re-tokenized."""
+    from .loader import split_files
+    from .shards import read_header
+    src = Path(cfg.path).expanduser().resolve()
+    splits = {}
+    for split in ("train", "val"):
+        files = split_files(src, split)
+        if split == "train" and not files:
+            raise DataError(f"data.path={cfg.path!r}: no *train_*.bin shards there")
+        shards = [{"file": str(f), "tokens": read_header(f), "sha256": None} for f in files]
+        splits[split] = {"documents": None, "tokens": sum(s["tokens"] for s in shards), "shards": shards}
+    meta = {"format": META_FORMAT, "version": 1, "name": cfg.name, "tokenizer": tok.name,
+            "vocab_size": tok.vocab_size, "eot": tok.eot, "shard_size": None,
+            "source": {"source": "shards", "path": str(src)}, "val_split": "existing *val_*.bin shards",
+            "splits": splits, "config": cfg.content()}
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1))
+    os.replace(tmp, out / "meta.json")
     return out
 
 

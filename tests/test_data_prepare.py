@@ -286,3 +286,26 @@ def test_cli_prints_one_line_error(tmp_path):
     assert r.returncode == 2
     assert r.stderr.strip().splitlines()[-1].startswith("error: data.files: no file matches")
     assert "Traceback" not in r.stderr
+
+
+def test_existing_llmc_shards_are_adopted(tmp_path):
+    src = tmp_path / "fineweb10B"
+    src.mkdir()
+    write_shard(src / "fineweb_val_000000.bin", np.arange(100, 300, dtype=np.uint16))
+    for i in (1, 2):
+        write_shard(src / f"fineweb_train_{i:06d}.bin", np.arange(i * 1000, i * 1000 + 500, dtype=np.uint16))
+    out = prepare_dataset(dict(name="fw", tokenizer="gpt2", root=str(tmp_path / "cache"), source="shards",
+                               path=str(src)), progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["tokenizer"] == "gpt2" and meta["splits"]["train"]["tokens"] == 1000
+    assert [Path(s["file"]).name for s in meta["splits"]["train"]["shards"]] == \
+        ["fineweb_train_000001.bin", "fineweb_train_000002.bin"]
+    x, y = TrainLoader(out, 3, 16).get_batch(2)
+    assert torch_equal_shift(x, y) and int(x.min()) >= 1000
+    assert next(iter(ValLoader(out, 2, 16)))[0][0, 0] == 100
+    with pytest.raises(DataError, match="source=shards needs the directory"):
+        prepare_dataset(dict(name="fw", root=str(tmp_path), source="shards", path=str(tmp_path / "nope")))
+
+
+def torch_equal_shift(x, y):
+    return bool((y[:, :-1] == x[:, 1:]).all())
