@@ -1,0 +1,168 @@
+"""Final validation loss / perplexity per variant (mean ± std over seeds), spikes, divergence, and the
+paper's numbers beside ours. Markdown and LaTeX.
+
+    python scripts/make_table.py runs/<sweep> [more run dirs] [--paper-setting NAME]
+                                 [--format md|latex|both] [--out docs/table.md] [--group-by norm.decay]
+
+The paper column appears when the runs' experiment_meta.paper_setting (or --paper-setting) names a
+setting of scripts/paper_results.yaml. Diverged runs (summary.diverged, or a non-finite final loss)
+are counted and left out of the mean; unfinished runs use their last eval and are marked.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import runlib  # noqa: E402
+
+
+def mean_std(xs: list[float]) -> tuple[float | None, float | None]:
+    if not xs:
+        return None, None
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else None)
+
+
+def build_rows(groups: dict[str, list[runlib.Run]], paper: dict | None) -> list[dict]:
+    """One dict per label: the numbers behind a table row (tests check these)."""
+    rows = []
+    labels = list(groups)
+    if paper:  # the paper's variants we did not run still get a row, so nothing is hidden
+        labels += [k for k in list(paper.get("values", {})) + list(paper.get("notes", {})) if k not in labels]
+    for label in labels:
+        runs = groups.get(label, [])
+        ok = [r for r in runs if not r.diverged and r.final_val_loss is not None]
+        loss_m, loss_s = mean_std([r.final_val_loss for r in ok])
+        ppl_m, ppl_s = mean_std([r.final_val_ppl for r in ok])
+        rows.append({
+            "label": label, "n": len(runs), "seeds": [r.seed for r in runs],
+            "loss_mean": loss_m, "loss_std": loss_s, "ppl_mean": ppl_m, "ppl_std": ppl_s,
+            "spikes_loss": sum(r.spike_count("loss") for r in runs),
+            "spikes_grad_norm": sum(r.spike_count("grad_norm") for r in runs),
+            "diverged": sum(r.diverged for r in runs),
+            "unfinished": sum(not r.finished for r in runs),
+            "paper_value": (paper or {}).get("values", {}).get(label),
+            "paper_note": (paper or {}).get("notes", {}).get(label),
+        })
+    return rows
+
+
+def _num(m: float | None, s: float | None, digits: int, pm: str) -> str:
+    if m is None:
+        return "—"
+    if not math.isfinite(m):
+        return "inf"
+    return f"{m:.{digits}f}" if s is None else f"{m:.{digits}f}{pm}{s:.{digits}f}"
+
+
+def _cells(row: dict, paper: dict | None, pm: str, dagger: str) -> list[str]:
+    if row["n"] == 0:
+        loss = ppl = "not run"
+    elif row["loss_mean"] is None:
+        loss = ppl = "diverged" if row["diverged"] else "—"
+    else:
+        mark = (dagger if row["diverged"] else "") + ("*" if row["unfinished"] else "")
+        loss = _num(row["loss_mean"], row["loss_std"], 4, pm) + mark
+        ppl = _num(row["ppl_mean"], row["ppl_std"], 2, pm) + mark
+    div = f"{row['diverged']}/{row['n']}" if row["n"] else "—"
+    cells = [row["label"], str(row["n"]), loss, ppl,
+             f"{row['spikes_loss']} / {row['spikes_grad_norm']}" if row["n"] else "—", div]
+    if paper is not None:
+        digits = 2 if paper.get("metric") == "val_ppl" else 4
+        v = row["paper_value"]
+        text = f"{v:.{digits}f}" if v is not None else ""
+        if row["paper_note"]:
+            text = f"{text} ({row['paper_note']})" if text else row["paper_note"]
+        cells.append(text or "—")
+    return cells
+
+
+def _header(paper: dict | None) -> list[str]:
+    h = ["variant", "seeds", "final val loss", "val ppl", "spikes loss / grad", "diverged"]
+    if paper is not None:
+        h.append(f"paper ({'val ppl' if paper.get('metric') == 'val_ppl' else 'val loss'})")
+    return h
+
+
+def _footnotes(rows: list[dict], paper: dict | None, setting: str | None) -> list[str]:
+    notes = ["mean ± std over seeds (std needs ≥ 2 seeds); spikes summed over seeds."]
+    if any(r["diverged"] for r in rows):
+        notes.append("† some seeds diverged; the mean is over the others.")
+    if any(r["unfinished"] for r in rows):
+        notes.append("* some runs had not finished; their last evaluation is used.")
+    if paper is not None:
+        notes.append(f"paper: {paper.get('description', setting)} (setting `{setting}`).")
+    return notes
+
+
+def to_markdown(rows: list[dict], paper: dict | None, setting: str | None, title: str | None) -> str:
+    h = _header(paper)
+    lines = [f"**{title}**", ""] if title else []
+    lines += ["| " + " | ".join(h) + " |", "|" + "|".join("---" for _ in h) + "|"]
+    lines += ["| " + " | ".join(_cells(r, paper, " ± ", "†")) + " |" for r in rows]
+    lines += [""] + [f"{n}  " for n in _footnotes(rows, paper, setting)]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _tex(s: str) -> str:
+    for a, b in (("\\", r"\textbackslash{}"), ("_", r"\_"), ("%", r"\%"), ("&", r"\&"), ("#", r"\#"),
+                 ("—", "--"), ("†", r"$^\dagger$"), ("±", r"$\pm$"), ("≥", r"$\geq$")):
+        s = s.replace(a, b)
+    return s
+
+
+def to_latex(rows: list[dict], paper: dict | None, setting: str | None, title: str | None) -> str:
+    h = _header(paper)
+    out = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{l" + "r" * (len(h) - 1) + "}",
+           r"\toprule", " & ".join(_tex(x) for x in h) + r" \\", r"\midrule"]
+    out += [" & ".join(_tex(c) for c in _cells(r, paper, " ± ", "†")) + r" \\" for r in rows]
+    out += [r"\bottomrule", r"\end{tabular}"]
+    cap = " ".join(_footnotes(rows, paper, setting))
+    out += [r"\caption{" + _tex((title + ". ") if title else "") + _tex(cap) + "}", r"\end{table}"]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run dirs, or dirs holding run dirs (e.g. runs/<sweep>)")
+    ap.add_argument("--paper-setting", help="scripts/paper_results.yaml setting to show beside ours "
+                    "(default: the runs' experiment_meta.paper_setting; 'none' to hide)")
+    ap.add_argument("--format", choices=["md", "latex", "both"], default="md")
+    ap.add_argument("--out", help="write here (.md; LaTeX goes to the same stem + .tex) instead of stdout")
+    ap.add_argument("--group-by", default="", help="extra config keys that split rows, e.g. norm.decay")
+    ap.add_argument("--title", help="table title")
+    args = ap.parse_args(argv)
+
+    group_by = [k for k in args.group_by.split(",") if k]
+    runs = [runlib.load_run(p, group_by) for p in runlib.find_runs(args.runs)]
+    meta = runlib.experiment_meta(runs)
+    setting = args.paper_setting or meta.get("paper_setting")
+    if setting == "none":
+        setting = None
+    paper = runlib.load_paper(setting)
+    rows = build_rows(runlib.group_runs(runs, runlib.label_order(meta)), paper)
+    title = args.title or meta.get("name")
+
+    outputs = []
+    if args.format in ("md", "both"):
+        outputs.append((".md", to_markdown(rows, paper, setting, title)))
+    if args.format in ("latex", "both"):
+        outputs.append((".tex", to_latex(rows, paper, setting, title)))
+    for suffix, text in outputs:
+        if args.out:
+            dest = Path(args.out).with_suffix(suffix)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".tmp")
+            tmp.write_text(text)
+            tmp.replace(dest)
+            print(f"wrote {dest}")
+        else:
+            print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

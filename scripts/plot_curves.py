@@ -1,0 +1,195 @@
+"""Loss curves and the residual-stream RMS by depth, per variant, from run directories.
+
+    python scripts/plot_curves.py runs/<sweep> [more run dirs] --out docs/cpu_study_a
+        [--group-by norm.decay] [--ema 0.0] [--paper-setting NAME] [--title T]
+
+Writes <out>_loss.png (train and validation loss against tokens: mean over seeds, min-max band,
+loss spikes as red ticks, diverged runs as x) and <out>_rms.png (RMS of the residual stream after
+the input step and every sublayer, from each run's last `stats` line, mean over seeds; the
+"curse of depth" picture). With a paper setting that printed curves, the paper's validation points
+are drawn as open circles (only meaningful at the paper's scale).
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import runlib  # noqa: E402
+
+
+def series(lines: list[dict], key: str, ema: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    x = np.array([float(r["tokens"]) for r in lines if key in r and r[key] is not None])
+    y = np.array([float(r[key]) for r in lines if key in r and r[key] is not None])
+    if ema > 0 and len(y):
+        out, acc = np.empty_like(y), y[0]
+        for i, v in enumerate(y):
+            acc = ema * acc + (1 - ema) * v if math.isfinite(v) and math.isfinite(acc) else v
+            out[i] = acc
+        y = out
+    return x, y
+
+
+def band(curves: list[tuple[np.ndarray, np.ndarray]]):
+    """Mean, min, max of several curves on the first curve's x grid (seeds log at the same tokens
+    when only the seed differs; interpolation covers the rest). Non-finite points are dropped."""
+    curves = [(x[np.isfinite(y)], y[np.isfinite(y)]) for x, y in curves]
+    curves = [(x, y) for x, y in curves if len(x)]
+    if not curves:
+        return None
+    hi = min(x[-1] for x, _ in curves)
+    grid = curves[0][0][curves[0][0] <= hi]
+    ys = np.stack([np.interp(grid, x, y) for x, y in curves])
+    return grid, ys.mean(0), ys.min(0), ys.max(0)
+
+
+def _ylim(ax, values: list[np.ndarray]) -> None:
+    """Keep a diverged run from flattening everyone else's curve."""
+    v = np.concatenate([a[np.isfinite(a)] for a in values if len(a)] or [np.zeros(0)])
+    if len(v) > 4:
+        lo, hi = np.percentile(v, 1), np.percentile(v, 97)
+        pad = 0.05 * (hi - lo + 1e-9)
+        ax.set_ylim(lo - pad, hi + 3 * pad)
+
+
+def plot_loss(groups: dict[str, list[runlib.Run]], out: Path, title: str, ema: float,
+              paper: dict | None) -> Path:
+    fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    seen_t, seen_v = [], []
+    for i, (label, runs) in enumerate(groups.items()):
+        c = colors[i % len(colors)]
+        n = len(runs)
+        name = f"{label} (n={n})" if n > 1 else label
+        for ax, kind, key, seen in ((ax_t, "train", "loss", seen_t), (ax_v, "evals", "val_loss", seen_v)):
+            curves = [series(getattr(r, kind), key, ema if kind == "train" else 0.0) for r in runs]
+            seen.extend(y for _, y in curves)
+            b = band(curves)
+            if b is None:
+                continue
+            grid, mean, lo, hi = b
+            ax.plot(grid, mean, color=c, lw=1.4, label=name, marker="o" if len(grid) < 15 else None, ms=3)
+            if n > 1:
+                ax.fill_between(grid, lo, hi, color=c, alpha=0.2, lw=0)
+            for r, (x, y) in zip(runs, curves):
+                if r.diverged and len(x):
+                    fin = np.isfinite(y)
+                    xd = x[fin][-1] if fin.any() else x[0]
+                    yd = y[fin][-1] if fin.any() else ax.get_ylim()[1]
+                    ax.plot([xd], [yd], marker="x", color=c, ms=9, mew=2)
+        spike_tok = [s["tokens"] for r in runs for s in r.spikes if s.get("metric") == "loss"]
+        if spike_tok:  # ticks along the bottom of the train panel, in the variant's colour
+            ax_t.plot(spike_tok, [0.02] * len(spike_tok), "|", color=c, ms=12, mew=1.5,
+                      transform=ax_t.get_xaxis_transform())
+    if paper:
+        for i, (label, _) in enumerate(groups.items()):
+            curve = (paper.get("curve") or {}).get(label)
+            if curve:
+                tokens_per_step = _tokens_per_step(groups[label])
+                if tokens_per_step:
+                    ax_v.plot(np.array(curve["steps"]) * tokens_per_step, curve["val_loss"], "o",
+                              mfc="none", color=colors[i % len(colors)], label=f"{label} (paper)")
+    _ylim(ax_t, seen_t)
+    _ylim(ax_v, seen_v)
+    for ax, t in ((ax_t, "train loss"), (ax_v, "validation loss")):
+        ax.set_xlabel("tokens")
+        ax.set_ylabel("loss")
+        ax.set_title(t + (" (| = loss spike, x = diverged)" if ax is ax_t else ""), fontsize=9)
+        ax.grid(alpha=0.3)
+    ax_v.legend(fontsize=7, ncol=2)
+    fig.suptitle(title, fontsize=11)
+    fig.tight_layout()
+    return _save(fig, out.with_name(out.name + "_loss.png"))
+
+
+def _tokens_per_step(runs: list[runlib.Run]) -> float | None:
+    for r in runs:
+        for line in r.train:
+            if line.get("step"):
+                return line["tokens"] / line["step"]
+    return None
+
+
+def rms_profile(run: runlib.Run) -> np.ndarray | None:
+    if not run.stats:
+        return None
+    last = run.stats[-1]
+    js = sorted(int(k.split("/")[1]) for k in last if k.startswith("rms/"))
+    return np.array([float(last[f"rms/{j}"]) for j in js]) if js else None
+
+
+def plot_rms(groups: dict[str, list[runlib.Run]], out: Path, title: str) -> Path:
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    drawn = 0
+    for i, (label, runs) in enumerate(groups.items()):
+        profs = [p for p in map(rms_profile, runs) if p is not None]
+        profs = [p for p in profs if len(p) == len(profs[0])] if profs else []
+        if not profs:
+            continue
+        P = np.stack(profs)
+        P = np.where(np.isfinite(P) & (P > 0), P, np.nan)
+        c = colors[i % len(colors)]
+        j = np.arange(P.shape[1])
+        ax.plot(j, np.nanmean(P, 0), color=c, marker=".", lw=1.4, label=label)
+        if len(profs) > 1:
+            ax.fill_between(j, np.nanmin(P, 0), np.nanmax(P, 0), color=c, alpha=0.2, lw=0)
+        drawn += 1
+    ax.set_yscale("log")
+    ax.set_xlabel("depth j (0 = after input step, then every sublayer)")
+    ax.set_ylabel("residual stream RMS")
+    ax.set_title(title + ": residual RMS by depth, end of training", fontsize=10)
+    ax.grid(alpha=0.3, which="both")
+    if drawn:
+        ax.legend(fontsize=7, ncol=2)
+    else:
+        ax.text(0.5, 0.5, "no `stats` lines in these runs", ha="center", transform=ax.transAxes)
+    fig.tight_layout()
+    return _save(fig, out.with_name(out.name + "_rms.png"))
+
+
+def _save(fig, dest: Path) -> Path:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    tmp.replace(dest)
+    return dest
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run dirs, or dirs holding run dirs (e.g. runs/<sweep>)")
+    ap.add_argument("--out", required=True, help="output prefix: writes <out>_loss.png and <out>_rms.png")
+    ap.add_argument("--group-by", default="", help="extra config keys that split curves, e.g. norm.decay")
+    ap.add_argument("--ema", type=float, default=0.0, help="EMA smoothing of the train loss (0 = none)")
+    ap.add_argument("--paper-setting", help="overlay this paper setting's printed validation curve "
+                    "(default: the runs' experiment_meta.paper_setting; 'none' to hide)")
+    ap.add_argument("--title", help="figure title (default: the experiment name)")
+    args = ap.parse_args(argv)
+    if not 0.0 <= args.ema < 1.0:
+        raise SystemExit(f"--ema={args.ema}: must be in [0, 1)")
+
+    group_by = [k for k in args.group_by.split(",") if k]
+    runs = [runlib.load_run(p, group_by) for p in runlib.find_runs(args.runs)]
+    meta = runlib.experiment_meta(runs)
+    groups = runlib.group_runs(runs, runlib.label_order(meta))
+    setting = args.paper_setting or meta.get("paper_setting")
+    paper = runlib.load_paper(None if setting == "none" else setting)
+    title = args.title or meta.get("name") or Path(args.out).name
+    out = Path(args.out)
+    for p in (plot_loss(groups, out, title, args.ema, paper), plot_rms(groups, out, title)):
+        print(f"wrote {p}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""Reading run directories for plot_curves.py and make_table.py (one job: runs -> labelled records).
+
+A run directory holds `config.yaml` (resolved Hydra config) and `metrics.jsonl` (CONTRACTS.md
+"metrics.jsonl contract"). Runs are grouped by a label: the point label sweep.py recorded in the
+sweep's `sweep.json`, else the matching `experiment_meta.points` entry of the run's config, else
+`norm.name`, plus any `--group-by` keys.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.yaml"
+# Canonical row order for tables and legends (then anything else, alphabetically).
+VARIANT_ORDER = ["pre_ln", "post_ln", "deepnorm", "sandwich", "peri_ln", "keel", "pre_dyt",
+                 "geonorm", "spheret", "proj_spheret", "cay_spheret"]
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict
+    label: str
+    seed: Any
+    train: list = field(default_factory=list)   # metrics.jsonl lines by kind, in file order
+    evals: list = field(default_factory=list)
+    spikes: list = field(default_factory=list)
+    stats: list = field(default_factory=list)
+    summary: dict | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.summary is not None
+
+    @property
+    def diverged(self) -> bool:
+        if self.summary is not None and self.summary.get("diverged"):
+            return True
+        last = self.final_val_loss
+        # A run that stopped with a non-finite loss diverged, whatever its summary says.
+        return last is not None and not math.isfinite(last)
+
+    @property
+    def final_val_loss(self) -> float | None:
+        if self.summary is not None and self.summary.get("final_val_loss") is not None:
+            return float(self.summary["final_val_loss"])
+        return float(self.evals[-1]["val_loss"]) if self.evals else None
+
+    @property
+    def final_val_ppl(self) -> float | None:
+        if self.summary is not None and self.summary.get("final_val_ppl") is not None:
+            return float(self.summary["final_val_ppl"])
+        if self.evals and self.evals[-1].get("val_ppl") is not None:
+            return float(self.evals[-1]["val_ppl"])
+        loss = self.final_val_loss
+        return None if loss is None else _exp(loss)
+
+    def spike_count(self, metric: str) -> int:
+        key = f"spikes_{metric}"
+        if self.summary is not None and self.summary.get(key) is not None:
+            return int(self.summary[key])
+        return sum(1 for s in self.spikes if s.get("metric") == metric)
+
+    @property
+    def last_step(self) -> int | None:
+        for lines in (self.evals, self.train):
+            if lines:
+                return lines[-1].get("step")
+        return None
+
+
+def _exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return math.inf
+
+
+def get_key(cfg: dict, dotted: str, default: Any = None) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def read_metrics(path: Path) -> dict[str, list]:
+    """metrics.jsonl -> lines by kind. A torn last line (run killed mid-write) is ignored."""
+    out: dict[str, list] = {"train": [], "eval": [], "spike": [], "stats": [], "summary": []}
+    with open(path) as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)  # json accepts NaN/Infinity, which diverged runs write
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                continue
+            raise SystemExit(f"{path}:{i + 1}: not a JSON line")
+        out.setdefault(rec.get("kind", "?"), []).append(rec)
+    return out
+
+
+def is_finished(run_dir: Path) -> bool:
+    """True when metrics.jsonl ends with a `summary` line (the run completed)."""
+    p = Path(run_dir) / "metrics.jsonl"
+    if not p.is_file():
+        return False
+    try:
+        return bool(read_metrics(p)["summary"])
+    except SystemExit:
+        return False
+
+
+def _load_config(run_dir: Path) -> dict:
+    for name in ("config.yaml", ".hydra/config.yaml"):
+        p = run_dir / name
+        if p.is_file():
+            with open(p) as f:
+                return yaml.safe_load(f) or {}
+    return {}
+
+
+def _sweep_labels(run_dir: Path) -> dict[str, str]:
+    """Labels sweep.py recorded for the run dirs of a sweep (parent dir's sweep.json)."""
+    p = run_dir.parent / "sweep.json"
+    if not p.is_file():
+        return {}
+    with open(p) as f:
+        manifest = json.load(f)
+    return {pt["dir"]: pt["label"] for pt in manifest.get("points", [])}
+
+
+def _point_label(cfg: dict) -> str | None:
+    """The experiment_meta.points entry whose overrides this run's config matches."""
+    points = get_key(cfg, "experiment_meta.points") or {}
+    for label, overrides in points.items():
+        if all(_matches(cfg, k, v) for k, v in (overrides or {}).items()):
+            return label
+    return None
+
+
+def _matches(cfg: dict, key: str, want: Any) -> bool:
+    if key == "norm":  # a group choice: the composed config says it as norm.name
+        key = "norm.name"
+    have = get_key(cfg, key)
+    if isinstance(want, float) or isinstance(have, float):
+        try:
+            return math.isclose(float(have), float(want), rel_tol=1e-9)
+        except (TypeError, ValueError):
+            return False
+    return str(have) == str(want)
+
+
+def _fmt(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def load_run(run_dir: Path, group_by: Iterable[str] = ()) -> Run:
+    run_dir = Path(run_dir)
+    cfg = _load_config(run_dir)
+    m = read_metrics(run_dir / "metrics.jsonl")
+    summary = m["summary"][-1] if m["summary"] else None
+    label = _sweep_labels(run_dir).get(run_dir.name) or _point_label(cfg)
+    if label is None:
+        label = get_key(cfg, "norm.name") or (summary or {}).get("norm") or run_dir.name
+    extra = [f"{k.split('.')[-1]}={_fmt(get_key(cfg, k))}" for k in group_by]
+    if extra:
+        label = f"{label} ({', '.join(extra)})"
+    seed = get_key(cfg, "train.seed", (summary or {}).get("seed"))
+    return Run(path=run_dir, config=cfg, label=label, seed=seed, train=m["train"], evals=m["eval"],
+               spikes=m["spike"], stats=m["stats"], summary=summary)
+
+
+def find_runs(paths: Iterable[str | Path]) -> list[Path]:
+    """Run dirs under the given paths: a dir with metrics.jsonl, or any dir below holding some."""
+    found: list[Path] = []
+    for p in map(Path, paths):
+        if not p.exists():
+            raise SystemExit(f"no such run directory: {p}")
+        if (p / "metrics.jsonl").is_file():
+            found.append(p)
+        else:
+            found.extend(sorted(q.parent for q in p.rglob("metrics.jsonl")))
+    if not found:
+        raise SystemExit(f"no run directories (with metrics.jsonl) under: {', '.join(map(str, paths))}")
+    return list(dict.fromkeys(found))
+
+
+def group_runs(runs: list[Run], order: list[str] | None = None) -> dict[str, list[Run]]:
+    groups: dict[str, list[Run]] = {}
+    for r in runs:
+        groups.setdefault(r.label, []).append(r)
+    return {k: sorted(groups[k], key=lambda r: str(r.seed)) for k in sort_labels(groups, order)}
+
+
+def sort_labels(labels: Iterable[str], order: list[str] | None = None) -> list[str]:
+    order = list(order or []) + [v for v in VARIANT_ORDER if v not in (order or [])]
+
+    def key(label: str):
+        base = label.split(" (")[0]
+        return (order.index(base) if base in order else len(order), label)
+    return sorted(labels, key=key)
+
+
+def experiment_meta(runs: list[Run]) -> dict:
+    """The experiment_meta the runs share (from their configs), or {}."""
+    metas = [get_key(r.config, "experiment_meta") for r in runs]
+    metas = [m for m in metas if m]
+    return metas[0] if metas and all(m == metas[0] for m in metas) else {}
+
+
+def label_order(meta: dict) -> list[str]:
+    if meta.get("points"):
+        return list(meta["points"])
+    return list(meta.get("variants") or [])
+
+
+def load_paper(setting: str | None, path: Path = PAPER_RESULTS) -> dict | None:
+    if not setting:
+        return None
+    with open(path) as f:
+        data = yaml.safe_load(f)
+    settings = data.get("settings", {})
+    if setting not in settings:
+        raise SystemExit(f"unknown paper setting {setting!r} in {path}; valid: {', '.join(settings)}")
+    return settings[setting]
