@@ -1,0 +1,293 @@
+"""Run a grid of training runs: variants x seeds x any other override, one train.py job per point.
+
+    python scripts/sweep.py --experiment geonorm_125m_books3_512 --nproc 8           # local, in turn
+    python scripts/sweep.py --experiment cpu_study_a --seeds 0,1 --dry-run           # print commands
+    python scripts/sweep.py --name lr_scan --grid norm=pre_ln,geonorm optim.lr=3e-4,6e-4,1e-3 \
+        -- model=tiny train.max_steps=200                                            # fixed overrides after --
+    python scripts/sweep.py --experiment spheret_fineweb_edu_24l --nproc 8 --slurm [--submit]
+
+Points come from the experiment file's `experiment_meta` (`variants` or labelled `points`, and
+`seeds`); `--grid key=v1,v2` adds an axis (a `norm` or `train.seed` axis replaces the experiment's).
+Each point runs in `<runs-root>/<sweep>/<label>-s<seed>` with wandb group `<sweep>`; a point whose
+metrics.jsonl ends with a `summary` line is skipped, any other is (re)started with train.resume=auto,
+which resumes from its latest checkpoint (a point that died before its first checkpoint starts
+over with train.overwrite=true). `<runs-root>/<sweep>/sweep.json` records each point's
+label, seed and overrides, which plot_curves.py and make_table.py use to group runs.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import runlib  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+EXPERIMENTS = REPO / "configs" / "experiment"
+# Config keys this script sets on every point (CONTRACTS.md layout; configs/{train,logging}).
+KEY_SEED, KEY_RESUME, KEY_OVERWRITE = "train.seed", "train.resume", "train.overwrite"
+KEY_GROUP = "logging.wandb.group"
+
+
+def fmt_value(v) -> str:
+    """A YAML value as a Hydra command-line override value."""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if v is None:
+        return "null"
+    if isinstance(v, float):
+        return ("inf" if v > 0 else "-inf") if math.isinf(v) else repr(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ",".join(fmt_value(x) for x in v) + "]"
+    return str(v)
+
+
+def split_values(text: str) -> list[str]:
+    """'a,b,[0.9,0.95]' -> ['a', 'b', '[0.9,0.95]'] (commas inside brackets or quotes stay)."""
+    out, depth, cur, quote = [], 0, "", None
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    out.append(cur)
+    return [v.strip() for v in out if v.strip()]
+
+
+def slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "x"
+
+
+def load_meta(name: str) -> dict:
+    path = EXPERIMENTS / f"{name}.yaml"
+    if not path.is_file():
+        valid = ", ".join(sorted(p.stem for p in EXPERIMENTS.glob("*.yaml")))
+        raise SystemExit(f"unknown experiment {name!r} (no {path.relative_to(REPO)}); valid: {valid}")
+    with open(path) as f:
+        meta = (yaml.safe_load(f) or {}).get("experiment_meta")
+    if not isinstance(meta, dict):
+        raise SystemExit(f"{path.relative_to(REPO)}: no experiment_meta mapping (variants/points, seeds)")
+    return meta
+
+
+def build_points(meta: dict, grid: list[str], seeds: str | None, variants: str | None) -> list[dict]:
+    """The grid as a list of {label, seed, overrides (ordered list of 'k=v')}."""
+    # Axis of (label, overrides) for the variants/points.
+    if meta.get("points"):
+        base = [(lbl, [f"{k}={fmt_value(v)}" for k, v in (ovr or {}).items()])
+                for lbl, ovr in meta["points"].items()]
+    elif meta.get("variants"):
+        base = [(v, [f"norm={v}"]) for v in meta["variants"]]
+    else:
+        base = [("base", [])]
+    seed_list = [str(s) for s in meta.get("seeds", [0])]
+    # label -> further seeds for some points only (e.g. a second seed of a few variants, as seed noise)
+    extra_seeds = {str(k): [str(s) for s in v] for k, v in (meta.get("extra_seeds") or {}).items()}
+    if variants:
+        base = [(v, [f"norm={v}"]) for v in split_values(variants)]
+    if seeds:  # explicit seeds replace both seeds and extra_seeds
+        seed_list, extra_seeds = split_values(seeds), {}
+    extra_axes: list[list[tuple[str, str]]] = []
+    for spec in grid:
+        if "=" not in spec:
+            raise SystemExit(f"--grid {spec!r}: expected key=v1,v2,...")
+        key, vals = spec.split("=", 1)
+        values = split_values(vals)
+        if not values:
+            raise SystemExit(f"--grid {spec!r}: no values")
+        if key == "norm":
+            base = [(v, [f"norm={v}"]) for v in values]
+        elif key == KEY_SEED:
+            seed_list, extra_seeds = values, {}
+        else:
+            extra_axes.append([(key, v) for v in values])
+    points = []
+    for (label, ovr), *extras in itertools.product(base, *extra_axes):
+        full_label = label + "".join(f"-{slug(k.split('.')[-1])}-{slug(v)}" for k, v in extras)
+        more = [s for s in extra_seeds.get(label, []) if s not in seed_list]
+        for seed in seed_list + more:
+            points.append({"label": full_label, "seed": seed,
+                           "overrides": ovr + [f"{k}={v}" for k, v in extras],
+                           "dir": f"{slug(full_label)}-s{slug(seed)}"})
+    # Every point's first seed before any second seed: a study stopped half-way still covers all points.
+    order = list(dict.fromkeys(seed_list + [s for v in extra_seeds.values() for s in v]))
+    points.sort(key=lambda p: order.index(p["seed"]))
+    dirs = [p["dir"] for p in points]
+    if len(set(dirs)) != len(dirs):
+        raise SystemExit("two grid points map to the same run directory; give distinct values")
+    return points
+
+
+def point_status(run_dir: Path) -> str:
+    """done (summary written) | resume (has a checkpoint) | restart (died before its first
+    checkpoint: nothing to resume, start over) | new."""
+    if runlib.is_finished(run_dir):
+        return "done"
+    if any((run_dir / "checkpoints").glob("ckpt_*.pt")):
+        return "resume"
+    if (run_dir / "metrics.jsonl").exists() or (run_dir / "config.yaml").exists():
+        return "restart"
+    return "new"
+
+
+def command(point: dict, args, sweep_dir: Path, sweep: str, status: str = "new") -> list[str]:
+    train_py = os.path.relpath(REPO / "train.py")  # relative to where the sweep is started
+    launcher = ([args.python, train_py] if args.nproc == 1 else
+                ["torchrun", "--standalone", f"--nproc_per_node={args.nproc}", train_py])
+    ovr = [f"experiment={args.experiment}"] if args.experiment else []
+    ovr += point["overrides"] + [f"{KEY_SEED}={point['seed']}"] + list(args.overrides)
+    ovr += [f"run_name={sweep}-{point['dir']}", f"out_dir={sweep_dir / point['dir']}",
+            f"{KEY_GROUP}={sweep}", f"{KEY_RESUME}=auto"]
+    if status == "restart":  # train.py refuses a dir holding a run unless told to start over
+        ovr.append(f"{KEY_OVERWRITE}=true")
+    return launcher + ovr
+
+
+def sbatch_script(jobs: list[tuple[dict, list[str]]], args, sweep_dir: Path, sweep: str) -> str:
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={sweep}",
+             f"#SBATCH --array=0-{len(jobs) - 1}" + (f"%{args.max_parallel}" if args.max_parallel else ""),
+             "#SBATCH --nodes=1", "#SBATCH --ntasks=1", f"#SBATCH --gpus-per-node={args.nproc}",
+             f"#SBATCH --cpus-per-task={args.cpus_per_task}", f"#SBATCH --time={args.time}",
+             f"#SBATCH --output={sweep_dir}/slurm-%A_%a.out", "#SBATCH --requeue"]
+    if args.partition:
+        lines.append(f"#SBATCH --partition={args.partition}")
+    lines += [f"#SBATCH {x}" for x in args.sbatch_extra]
+    lines += ["# generated by scripts/sweep.py; one array task per unfinished grid point",
+              "set -euo pipefail", f"cd {shlex.quote(os.getcwd())}", 'case "$SLURM_ARRAY_TASK_ID" in']
+    for i, (p, cmd) in enumerate(jobs):
+        done = shlex.quote(str(sweep_dir / p["dir"] / "metrics.jsonl"))
+        # Re-check at run time: a requeued task whose point finished meanwhile exits at once.
+        lines.append(f"  {i}) if grep -Eqs '\"kind\": ?\"summary\"' {done}; then echo done; "
+                     f"else {shlex.join(cmd)}; fi ;;")
+    lines += ["  *) echo \"no grid point $SLURM_ARRAY_TASK_ID\" >&2; exit 1 ;;", "esac"]
+    return "\n".join(lines) + "\n"
+
+
+def write_manifest(sweep_dir: Path, sweep: str, args, points: list[dict]) -> None:
+    path = sweep_dir / "sweep.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    by_dir = {p["dir"]: p for p in old.get("points", [])}
+    by_dir.update({p["dir"]: p for p in points})  # a re-run with more seeds adds points
+    data = {"name": sweep, "experiment": args.experiment, "fixed_overrides": list(args.overrides),
+            "points": list(by_dir.values())}
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name("sweep.json.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--experiment", help="configs/experiment/<name>.yaml: its overrides and experiment_meta grid")
+    ap.add_argument("--name", help="sweep name (run dir and wandb group; default: the experiment name)")
+    ap.add_argument("--grid", nargs="+", default=[], metavar="KEY=V1,V2",
+                    help="grid axes; norm=... and train.seed=... replace the experiment's variants/seeds")
+    ap.add_argument("--seeds", help="comma list, replaces experiment_meta.seeds")
+    ap.add_argument("--variants", help="comma list of norm names, replaces the experiment's variants/points")
+    ap.add_argument("--only", help="comma list of point labels to keep (e.g. rerun one variant)")
+    ap.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per point: torchrun when > 1")
+    ap.add_argument("--runs-root", default="runs", help="sweeps live in <runs-root>/<sweep>/")
+    ap.add_argument("--python", default=sys.executable, help="python for single-process points")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands (or sbatch script), run nothing")
+    ap.add_argument("--stop-on-error", action="store_true", help="stop at the first failed point (local)")
+    ap.add_argument("--slurm", action="store_true", help="write <sweep dir>/sweep.sbatch (an array job)")
+    ap.add_argument("--submit", action="store_true", help="with --slurm: sbatch it")
+    ap.add_argument("--partition")
+    ap.add_argument("--time", default="48:00:00")
+    ap.add_argument("--cpus-per-task", type=int, default=16)
+    ap.add_argument("--max-parallel", type=int, default=0, help="array throttle (%%N); 0 = no limit")
+    ap.add_argument("--sbatch-extra", action="append", default=[], help="extra '#SBATCH' line, e.g. --account=x")
+    ap.add_argument("overrides", nargs="*", help="fixed Hydra overrides for every point (put them after --)")
+    args = ap.parse_args(argv)
+
+    if args.nproc < 1:
+        raise SystemExit(f"--nproc={args.nproc}: must be >= 1")
+    bad = [o for o in args.overrides if "=" not in o]
+    if bad:
+        raise SystemExit(f"override {bad[0]!r}: expected key=value")
+    meta = load_meta(args.experiment) if args.experiment else {}
+    sweep = args.name or (args.experiment if args.experiment else None)
+    if not sweep:
+        raise SystemExit("--name is required without --experiment")
+    sweep = slug(sweep)
+    given = {o.split("=", 1)[0].lstrip("+~") for o in list(args.overrides) + list(args.grid)}
+    for key, why in (meta.get("requires") or {}).items():
+        if key not in given:
+            raise SystemExit(f"experiment {args.experiment} needs {key}: {why}")
+    points = build_points(meta, args.grid, args.seeds, args.variants)
+    if args.only:
+        keep = set(split_values(args.only))
+        points = [p for p in points if p["label"] in keep]
+        if not points:
+            raise SystemExit(f"--only {args.only!r} matches no point label")
+    sweep_dir = Path(args.runs_root) / sweep
+
+    jobs, counts = [], {"done": 0, "resume": 0, "restart": 0, "new": 0}
+    for p in points:
+        status = point_status(sweep_dir / p["dir"])
+        counts[status] += 1
+        cmd = command(p, args, sweep_dir, sweep, status)
+        if status == "done":
+            print(f"# skip (finished): {p['dir']}")
+        else:
+            jobs.append((p, cmd))
+            if not args.slurm:
+                print(f"# {status}: {p['dir']}")
+                print(shlex.join(cmd))
+    print(f"# sweep {sweep}: {len(points)} points, {counts['done']} finished, "
+          f"{counts['resume']} to resume, {counts['restart']} to restart, {counts['new']} new", flush=True)
+
+    if args.slurm:
+        if not jobs:
+            return 0
+        script = sbatch_script(jobs, args, sweep_dir, sweep)
+        if args.dry_run:
+            print(script, end="")
+            return 0
+        write_manifest(sweep_dir, sweep, args, points)
+        path = sweep_dir / "sweep.sbatch"
+        path.write_text(script)
+        if args.submit:
+            return subprocess.run(["sbatch", str(path)], check=False).returncode
+        print(f"# wrote {path}; submit with: sbatch {path}")
+        return 0
+    if args.dry_run:
+        return 0
+
+    write_manifest(sweep_dir, sweep, args, points)
+    failed = []
+    for i, (p, cmd) in enumerate(jobs):
+        print(f"\n=== [{i + 1}/{len(jobs)}] {p['dir']} ===\n{shlex.join(cmd)}", flush=True)
+        rc = subprocess.run(cmd, check=False).returncode
+        if rc != 0:
+            failed.append(p["dir"])
+            print(f"# point {p['dir']} failed (exit {rc})", flush=True)
+            if args.stop_on_error:
+                break
+    if failed:
+        print(f"# {len(failed)} point(s) failed: {', '.join(failed)}; rerun the same command to resume them")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,299 @@
+"""Experiment tooling: tables and plots from synthetic run dirs, sweep commands, experiment configs."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+CONFIGS = REPO / "configs"
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+
+
+def _load(name: str):
+    if str(SCRIPTS) not in sys.path:
+        sys.path.insert(0, str(SCRIPTS))
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+make_table = _load("make_table")
+sweep = _load("sweep")
+
+
+# ---------------------------------------------------------------- synthetic run directories
+
+
+def make_run(d: Path, norm: str, seed: int, final: float, *, diverged: bool = False, finished: bool = True,
+             spikes: int = 0, n_layer: int = 2, meta: dict | None = None, extra_cfg: dict | None = None,
+             steps: int = 40) -> Path:
+    """A run dir as train.py writes it (CONTRACTS.md metrics.jsonl contract), loss falling to `final`."""
+    d.mkdir(parents=True)
+    cfg = {"norm": {"name": norm, "decay": "harmonic", "clamp": 0.7853981633974483},
+           "train": {"seed": seed}, "model": {"n_layer": n_layer}}
+    if meta is not None:
+        cfg["experiment_meta"] = meta
+    for k, v in (extra_cfg or {}).items():
+        top, key = k.split(".")
+        cfg[top][key] = v
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    tpt = 1024
+    lines = []
+    for s in range(0, steps + 1, 5):
+        frac = s / steps
+        loss = final + 2.0 * (1 - frac) + 0.01 * seed
+        if diverged and s > steps // 2:
+            loss = float("nan")
+        lines.append({"kind": "train", "step": s, "tokens": s * tpt, "loss": loss, "lr": 1e-3, "grad_norm": 1.0})
+        if s % 20 == 0:
+            v = float("nan") if (diverged and s > steps // 2) else loss + 0.05
+            lines.append({"kind": "eval", "step": s, "tokens": s * tpt, "val_loss": v,
+                          "val_ppl": math.exp(v) if math.isfinite(v) else v})
+    for i in range(spikes):
+        lines.append({"kind": "spike", "step": 10 + i, "tokens": (10 + i) * tpt, "metric": "loss", "value": 9.0, "z": 7.0})
+    rms = {f"rms/{j}": 1.0 + j * (0.5 if norm == "pre_ln" else 0.0) for j in range(2 * n_layer + 1)}
+    lines.append({"kind": "stats", "step": steps, "tokens": steps * tpt, **rms})
+    if finished:
+        fv = float("nan") if diverged else final + 0.05
+        lines.append({"kind": "summary", "step": steps, "tokens": steps * tpt, "final_val_loss": fv,
+                      "final_val_ppl": math.exp(fv) if math.isfinite(fv) else fv, "best_val_loss": fv,
+                      "spikes_loss": spikes, "spikes_grad_norm": 1, "skipped_steps": 0, "diverged": diverged,
+                      "steps": steps, "norm": norm, "seed": seed})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))  # NaN as json writes it
+    return d
+
+
+@pytest.fixture
+def study(tmp_path: Path) -> Path:
+    meta = {"name": "geonorm_125m_books3_512", "paper_setting": "geonorm_125m_books3_512",
+            "variants": ["pre_ln", "post_ln", "deepnorm", "sandwich", "geonorm"], "seeds": [0]}
+    root = tmp_path / "sw"
+    make_run(root / "pre_ln-s0", "pre_ln", 0, 3.0, meta=meta, spikes=2)
+    make_run(root / "pre_ln-s1", "pre_ln", 1, 3.2, meta=meta, spikes=1)
+    make_run(root / "post_ln-s0", "post_ln", 0, 3.5, meta=meta)
+    make_run(root / "post_ln-s1", "post_ln", 1, 3.5, meta=meta, diverged=True)
+    make_run(root / "geonorm-s0", "geonorm", 0, 2.9, meta=meta)
+    return root
+
+
+# ---------------------------------------------------------------- make_table.py
+
+
+def test_table_rows_mean_std_diverged_and_paper(study: Path) -> None:
+    runlib = sys.modules["runlib"]
+    runs = [runlib.load_run(p) for p in runlib.find_runs([study])]
+    paper = runlib.load_paper("geonorm_125m_books3_512")
+    rows = {r["label"]: r for r in make_table.build_rows(runlib.group_runs(runs, ["pre_ln", "post_ln"]), paper)}
+    pre = rows["pre_ln"]
+    assert pre["n"] == 2 and pre["diverged"] == 0
+    assert pre["loss_mean"] == pytest.approx(3.15)          # finals 3.05 and 3.25
+    assert pre["loss_std"] == pytest.approx(math.sqrt(0.02))  # sample std of the two
+    assert pre["ppl_mean"] == pytest.approx((math.exp(3.05) + math.exp(3.25)) / 2)
+    assert pre["spikes_loss"] == 3 and pre["spikes_grad_norm"] == 2
+    post = rows["post_ln"]
+    assert post["diverged"] == 1 and post["n"] == 2
+    assert post["loss_mean"] == pytest.approx(3.55) and post["loss_std"] is None  # diverged seed left out
+    assert rows["geonorm"]["paper_value"] == 3.4040 and rows["pre_ln"]["paper_value"] == 3.4437
+    # variants the paper has and we did not run still get a row
+    assert rows["deepnorm"]["n"] == 0 and rows["deepnorm"]["paper_value"] == 3.4708
+
+
+def test_table_markdown_and_latex_files(study: Path, tmp_path: Path) -> None:
+    out = tmp_path / "docs" / "t.md"
+    assert make_table.main([str(study), "--format", "both", "--out", str(out)]) == 0
+    md = out.read_text()
+    tex = out.with_suffix(".tex").read_text()
+    line = next(ln for ln in md.splitlines() if ln.startswith("| pre_ln"))
+    assert "3.1500 ± 0.1414" in line and "3.4437" in line and "| 2 |" in line
+    post = next(ln for ln in md.splitlines() if ln.startswith("| post_ln"))
+    assert "1/2" in post and "3.5500†" in post and "3.4855" in post
+    assert "| deepnorm | 0 | not run" in md
+    assert "paper (val loss)" in md and "diverged" in md
+    assert r"\toprule" in tex and r"pre\_ln" in tex and r"3.1500 $\pm$ 0.1414" in tex and "3.4040" in tex
+
+
+def test_table_ablation_labels_unfinished_and_no_paper(tmp_path: Path, capsys) -> None:
+    meta = {"name": "geonorm_decay_books3", "paper_setting": "geonorm_decay_books3",
+            "points": {"decay_sqrt": {"norm": "geonorm", "norm.decay": "sqrt"},
+                       "decay_harmonic": {"norm": "geonorm", "norm.decay": "harmonic"}}}
+    make_run(tmp_path / "a", "geonorm", 0, 3.4, meta=meta, extra_cfg={"norm.decay": "sqrt"})
+    make_run(tmp_path / "b", "geonorm", 0, 3.3, meta=meta, finished=False)
+    assert make_table.main([str(tmp_path)]) == 0
+    md = capsys.readouterr().out
+    sq = next(ln for ln in md.splitlines() if ln.startswith("| decay_sqrt"))
+    ha = next(ln for ln in md.splitlines() if ln.startswith("| decay_harmonic"))
+    assert "3.4500" in sq and "3.4210" in sq
+    assert "3.3500*" in ha and "3.4040" in ha        # unfinished: last eval, marked
+    assert "| decay_linear | 0 | not run" in md       # paper row we did not run
+    assert make_table.main([str(tmp_path), "--paper-setting", "none"]) == 0
+    assert "paper" not in capsys.readouterr().out.split("\n\n")[1]
+
+
+def test_paper_results_data() -> None:
+    text = (SCRIPTS / "paper_results.yaml").read_text()
+    assert "111.70" not in text and "2081.50" not in text   # unverified, never paper values
+    data = yaml.safe_load(text)
+    for name, s in data["settings"].items():
+        assert s["metric"] in ("val_loss", "val_ppl"), name
+        assert all(isinstance(v, float) for v in s.get("values", {}).values()), name
+    assert data["settings"]["spheret_fineweb_edu_24l"]["values"] == {"peri_ln": 19.09, "proj_spheret": 16.81}
+
+
+# ---------------------------------------------------------------- plot_curves.py
+
+
+def _png_ok(path: Path) -> None:
+    import matplotlib.image as mpimg
+    import numpy as np
+
+    assert path.is_file() and path.stat().st_size > 10_000
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and img.shape[0] > 200 and img.shape[1] > 300
+    assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 20  # curves, not a blank canvas
+
+
+def test_plots_from_synthetic_runs(study: Path, tmp_path: Path) -> None:
+    plot_curves = _load("plot_curves")
+    out = tmp_path / "figs" / "study"
+    assert plot_curves.main([str(study), "--out", str(out), "--ema", "0.5"]) == 0
+    _png_ok(out.with_name("study_loss.png"))
+    _png_ok(out.with_name("study_rms.png"))
+    # band: mean/min/max over seeds on a common token grid
+    runlib = sys.modules["runlib"]
+    runs = runlib.group_runs([runlib.load_run(p) for p in runlib.find_runs([study])])
+    grid, mean, lo, hi = plot_curves.band([plot_curves.series(r.evals, "val_loss") for r in runs["pre_ln"]])
+    assert list(grid) == [0, 20480, 40960]
+    assert mean[-1] == pytest.approx(3.155) and lo[-1] == pytest.approx(3.05) and hi[-1] == pytest.approx(3.26)
+    prof = plot_curves.rms_profile(runs["pre_ln"][0])
+    assert list(prof) == [1.0, 1.5, 2.0, 2.5, 3.0]
+
+
+# ---------------------------------------------------------------- sweep.py
+
+
+def _dry(capsys, *argv: str) -> tuple[list[list[str]], str]:
+    assert sweep.main(["--dry-run", "--python", "python", *argv]) == 0
+    out = capsys.readouterr().out
+    import shlex
+    cmds = [shlex.split(ln) for ln in out.splitlines() if ln and not ln.startswith("#")]
+    return cmds, out
+
+
+def test_sweep_dry_run_experiment(capsys, tmp_path: Path) -> None:
+    cmds, out = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path))
+    assert len(cmds) == 15  # 11 points + a second seed of 4 variants
+    first = cmds[0]
+    assert first[:2] == ["python", "train.py"]
+    assert first[2:] == ["experiment=cpu_study", "norm=pre_ln", "train.seed=0", "run_name=cpu_study-pre_ln-s0",
+                         f"out_dir={tmp_path}/cpu_study/pre_ln-s0", "logging.wandb.group=cpu_study",
+                         "train.resume=auto"]
+    outs = [c[-3].split("/")[-1] for c in cmds]
+    assert outs[11:] == ["pre_ln-s1", "post_ln-s1", "geonorm-s1", "proj_spheret-s1"]  # first seeds first
+    sph = next(c for c in cmds if "out_dir=" + str(tmp_path) + "/cpu_study/spheret_p_inf-s0" in c)
+    assert "norm=spheret" in sph and "norm.p=inf" in sph
+    assert not (tmp_path / "cpu_study").exists()  # dry run writes nothing
+
+
+def test_sweep_grid_torchrun_and_fixed_overrides(capsys, tmp_path: Path) -> None:
+    cmds, _ = _dry(capsys, "--name", "lr scan", "--grid", "norm=pre_ln,geonorm", "optim.lr=1e-3,3e-3",
+                   "train.seed=0,1", "--nproc", "4", "--runs-root", str(tmp_path), "--", "model=tiny",
+                   "optim.betas=[0.9,0.99]")
+    assert len(cmds) == 8
+    assert all(c[:4] == ["torchrun", "--standalone", "--nproc_per_node=4", "train.py"] for c in cmds)
+    c = cmds[0]
+    assert c[4:] == ["norm=pre_ln", "optim.lr=1e-3", "train.seed=0", "model=tiny", "optim.betas=[0.9,0.99]",
+                     "run_name=lr-scan-pre_ln-lr-1e-3-s0", f"out_dir={tmp_path}/lr-scan/pre_ln-lr-1e-3-s0",
+                     "logging.wandb.group=lr-scan", "train.resume=auto"]
+    dirs = {x.split("/")[-1] for cmd in cmds for x in cmd if x.startswith("out_dir=")}
+    assert len(dirs) == 8 and "geonorm-lr-3e-3-s1" in dirs
+
+
+def test_sweep_skips_finished_resumes_interrupted(capsys, tmp_path: Path) -> None:
+    root = tmp_path / "cpu_study"
+    make_run(root / "pre_ln-s0", "pre_ln", 0, 3.0)                      # finished: skipped
+    make_run(root / "post_ln-s0", "post_ln", 0, 3.0, finished=False)    # interrupted after a checkpoint
+    (root / "post_ln-s0" / "checkpoints").mkdir()
+    (root / "post_ln-s0" / "checkpoints" / "ckpt_00000020.pt").write_bytes(b"x")
+    make_run(root / "deepnorm-s0", "deepnorm", 0, 3.0, finished=False)  # died before any checkpoint
+    cmds, out = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path))
+    assert "# skip (finished): pre_ln-s0" in out and "# resume: post_ln-s0" in out
+    assert "# restart: deepnorm-s0" in out and "1 finished, 1 to resume, 1 to restart, 12 new" in out
+    assert len(cmds) == 14
+    assert not any(f"out_dir={root}/pre_ln-s0" in c for c in cmds)
+    post = next(c for c in cmds if f"out_dir={root}/post_ln-s0" in c)
+    deep = next(c for c in cmds if f"out_dir={root}/deepnorm-s0" in c)
+    assert "train.resume=auto" in post and "train.overwrite=true" not in post
+    assert "train.overwrite=true" in deep
+
+
+def test_sweep_slurm_script_and_requirements(capsys, tmp_path: Path) -> None:
+    with pytest.raises(SystemExit, match="data.files"):  # Pile data must be user-supplied
+        sweep.main(["--experiment", "geonorm_125m_books3_512", "--dry-run"])
+    assert sweep.main(["--experiment", "geonorm_125m_books3_512", "--slurm", "--nproc", "8", "--dry-run",
+                       "--runs-root", str(tmp_path), "--partition", "gpu", "--", "data.files=/d/*.jsonl"]) == 0
+    out = capsys.readouterr().out
+    assert "#SBATCH --array=0-4" in out and "#SBATCH --gpus-per-node=8" in out and "#SBATCH --partition=gpu" in out
+    assert out.count("torchrun --standalone --nproc_per_node=8 train.py experiment=geonorm_125m_books3_512") == 5
+    assert "'data.files=/d/*.jsonl'" in out and "norm=sandwich" in out
+    with pytest.raises(SystemExit, match="unknown experiment"):
+        sweep.main(["--experiment", "nope", "--dry-run"])
+
+
+# ---------------------------------------------------------------- experiment configs compose
+
+
+def test_every_experiment_config_composes() -> None:
+    """Compose each experiment with Hydra as train.py will, and check its values against the typed
+    configs of model/, trainer/ and data/ (needs every config group of configs/config.yaml)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from data.config import DataConfig, DataError
+    from model.config import GPTConfig
+    from trainer.config import parse_run_config
+
+    paper = yaml.safe_load((SCRIPTS / "paper_results.yaml").read_text())["settings"]
+    assert len(EXPERIMENTS) >= 20
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        for name in EXPERIMENTS:
+            cfg = compose("config", overrides=[f"experiment={name}"])
+            meta = cfg.experiment_meta
+            assert meta.name == name
+            assert meta.paper_setting is None or meta.paper_setting in paper, name
+            rc = parse_run_config(cfg)  # train/optim/logging keys exist and are valid
+            assert meta.tokens_per_run == rc.train.max_steps * rc.train.batch_tokens, name
+            # one rank, no accumulation remainder
+            assert rc.train.batch_tokens % (rc.train.micro_batch_size * cfg.model.block_size) == 0, name
+            points = dict(meta.points) if "points" in meta else {v: {"norm": v} for v in meta.variants}
+            for label, ovr in points.items():
+                norm = OmegaConf.load(CONFIGS / "norm" / f"{ovr['norm']}.yaml")
+                for k, v in ovr.items():
+                    if k != "norm":
+                        OmegaConf.update(norm, k.split(".", 1)[1], v)
+                GPTConfig.from_hydra(cfg.model, norm, vocab_size=257)  # raises on a bad point
+            data = OmegaConf.to_container(cfg.data, resolve=True)
+            if data["name"].startswith("pile_"):
+                with pytest.raises(DataError, match="data.files"):  # no user path: one clear line
+                    DataConfig.from_any(data)
+                data["files"] = ["/somewhere/*.jsonl"]
+            DataConfig.from_any(data)
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        a = compose("config", overrides=["experiment=geonorm_125m_books3_4096"])
+        assert (a.model.n_layer, a.model.n_embd, a.model.block_size) == (12, 768, 4096)
+        assert a.train.batch_tokens == 32 * 4096 and a.optim.lr == 6e-4 and a.train.precision == "fp16"
+        assert a.data.name == "pile_books3"
+        b = compose("config", overrides=["experiment=spheret_fineweb_edu_24l"])
+        assert (b.model.n_layer, b.train.max_steps, b.train.batch_tokens) == (24, 50000, 131072)
+        assert b.data.name == "fineweb_edu"
+        c = compose("config", overrides=["experiment=cpu_study_deep"])
+        assert (c.model.n_layer, c.model.n_embd, c.data.tokenizer, c.optim.lr) == (24, 128, "bytes", 1e-2)
+        d = compose("config", overrides=["experiment=geonorm_clamp_books3"])
+        assert d.norm.name == "geonorm"
