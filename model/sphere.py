@@ -11,7 +11,7 @@ sphere variants cost no more activation memory than Pre-LN.
 from __future__ import annotations
 
 import math
-from typing import Callable, Tuple
+from typing import Callable, Sequence, Tuple
 
 import torch
 
@@ -70,50 +70,86 @@ def retract(h: torch.Tensor, u: torch.Tensor, p: float) -> torch.Tensor:
     return rotate(h, u, spheret_angle(beta, p))
 
 
-class _TangentDots(torch.autograd.Function):
-    """(h, s) -> (||h||^2, <h,s>, ||v||^2) per token, in float32, with v = tangent(h, s).
+def _coefficients(hh, hs, vv, angle, params):
+    """Per-token scalars of the step h_new = A*h + w*s, and theta (all [..., 1], float32).
 
-    ||v||^2 is measured on the materialised v (not as ||s||^2 - <h,s>^2/||h||^2, which cancels
-    catastrophically when s is nearly parallel to h). Only h and s are saved; v is recomputed in
-    backward. Gradients: d||h||^2/dh = 2h; d<h,s> = (s, h); d||v||^2/ds = 2v, d||v||^2/dh = -2cv.
+    A = cos(theta) - w<h,s>/||h||^2 and w = sin(theta)||h||/||v||; with no tangent direction
+    (||v|| ~ 0, s parallel to h, or h = 0) theta is 0, so A = 1, w = 0 and h_new = h exactly.
     """
-
-    @staticmethod
-    def forward(ctx, h, s):
-        h32, s32 = _acc(h), _acc(s)
-        hh, hs = _dot(h32, h32), _dot(h32, s32)
-        v = s32 - hs / hh.clamp_min(_TINY) * h32
-        ctx.save_for_backward(h, s)
-        return hh, hs, _dot(v, v)
-
-    @staticmethod
-    def backward(ctx, g_hh, g_hs, g_vv):
-        h, s = ctx.saved_tensors
-        h32, s32 = _acc(h), _acc(s)
-        c = _dot(h32, s32) / _dot(h32, h32).clamp_min(_TINY)
-        v = s32 - c * h32
-        g_h = 2 * g_hh * h32 + g_hs * s32 - (2 * c * g_vv) * v
-        g_s = g_hs * h32 + (2 * g_vv) * v
-        return g_h.to(h.dtype), g_s.to(s.dtype)
-
-
-def sphere_update(h: torch.Tensor, s: torch.Tensor,
-                  angle: Callable[[torch.Tensor], torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """One sphere-family sublayer step: rotate(h, tangent(h, s), angle(||v||/||h||)).
-
-    `angle` maps the raw normalised step r = ||v||/||h|| (float32, shape [..., 1]) to the rotation
-    angle; GeoNorm and SpheretNorm differ only there. Written as h_new = A*h + w*s with per-token
-    scalars A = cos(theta) - w<h,s>/||h||^2 and w = sin(theta)||h||/||v||, so autograd keeps h, s and
-    two [..., 1] tensors, nothing of size d more. Returns (h_new in h's dtype, theta).
-    """
-    hh, hs, vv = _TangentDots.apply(h, s)
     with torch.no_grad():  # the mask needs no gradient; ||s||^2 = ||v||^2 + <h,s>^2/||h||^2
         ss = vv + hs * hs / hh.clamp_min(_TINY)
         valid = (hh > _TINY) & (vv > _PARALLEL_TOL * ss)
     one = torch.ones_like(vv)
-    n_h = torch.where(valid, hh, one).sqrt()
-    n_v = torch.where(valid, vv, one).sqrt()
-    theta = torch.where(valid, angle(n_v / n_h), torch.zeros_like(vv))
+    hh_safe = torch.where(valid, hh, one)
+    n_h, n_v = hh_safe.sqrt(), torch.where(valid, vv, one).sqrt()  # finite gradients when invalid
+    theta = torch.where(valid, angle(n_v / n_h, *params), torch.zeros_like(vv))
     w = torch.sin(theta) * n_h / n_v
-    a = torch.cos(theta) - w * (hs / torch.where(valid, hh, one))
-    return (a * h + w * s).to(h.dtype), theta
+    return torch.cos(theta) - w * (hs / hh_safe), w, theta
+
+
+def _tangent_dots(h32, s32):
+    """||h||^2, <h,s> and ||v||^2 with v = tangent(h, s) materialised: ||s||^2 - <h,s>^2/||h||^2
+    would cancel catastrophically when s is nearly parallel to h."""
+    hh, hs = _dot(h32, h32), _dot(h32, s32)
+    v = torch.addcmul(s32, h32, hs / hh.clamp_min(_TINY), value=-1.0)
+    return hh, hs, _dot(v, v)
+
+
+class _SphereStep(torch.autograd.Function):
+    """Eager-mode fused sphere step. Saves h, s (which the sublayers keep anyway) and [..., 1]
+    scalars; backward needs no tangent vector: with c = <h,s>/||h||^2 and the scalar gradients
+    g_hh, g_hs, g_vv of ||h||^2, <h,s>, ||v||^2 (from a tiny autograd graph over per-token scalars
+    and the step-size parameters), and g_A = <g,h>, g_w = <g,s>:
+        dL/dh = A g + (2 g_hh + 2 c^2 g_vv) h + (g_hs - 2 c g_vv) s
+        dL/ds = w g + (g_hs - 2 c g_vv) h + 2 g_vv s
+    """
+
+    @staticmethod
+    def forward(ctx, h, s, angle, *params):
+        h32, s32 = _acc(h), _acc(s)
+        hh, hs, vv = _tangent_dots(h32, s32)
+        with torch.enable_grad():  # the per-token scalar graph, replayed in backward
+            leaves = [t.detach().requires_grad_() for t in (hh, hs, vv)]
+            pleaves = [p.detach().requires_grad_() for p in params]
+            a, w, theta = _coefficients(*leaves, angle, pleaves)
+        ctx.graph = (a, w, leaves, pleaves)
+        ctx.save_for_backward(h, s)
+        ctx.c = hs / hh.clamp_min(_TINY)
+        out = torch.addcmul(a.detach() * h32, w.detach(), s32).to(h.dtype)
+        theta = theta.detach()
+        ctx.mark_non_differentiable(theta)
+        return out, theta
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, g_out, _g_theta):
+        h, s = ctx.saved_tensors
+        a, w, leaves, pleaves = ctx.graph
+        h32, s32, g = _acc(h), _acc(s), _acc(g_out)
+        grads = torch.autograd.grad((a, w), leaves + pleaves, (_dot(g, h32), _dot(g, s32)),
+                                    allow_unused=True, retain_graph=True)  # tiny; lets backward rerun
+        g_hh, g_hs, g_vv = (torch.zeros_like(a) if x is None else x for x in grads[:3])
+        c = ctx.c
+        cross = g_hs - 2 * c * g_vv
+        g_h = torch.addcmul(torch.addcmul(a.detach() * g, 2 * g_hh + 2 * c * c * g_vv, h32), cross, s32)
+        g_s = torch.addcmul(torch.addcmul(w.detach() * g, cross, h32), 2 * g_vv, s32)
+        p_grads = [None if x is None else x.to(p.dtype) for x, p in zip(grads[3:], pleaves)]
+        return (g_h.to(h.dtype), g_s.to(s.dtype), None, *p_grads)
+
+
+def sphere_update(h: torch.Tensor, s: torch.Tensor, angle: Callable[..., torch.Tensor],
+                  params: Sequence[torch.Tensor] = ()) -> Tuple[torch.Tensor, torch.Tensor]:
+    """One sphere-family sublayer step: rotate(h, tangent(h, s), angle(||v||/||h||, *params)).
+
+    `angle` maps the raw normalised step r = ||v||/||h|| (float32, [..., 1]) and the learnable
+    scalars `params` to the rotation angle; GeoNorm and SpheretNorm differ only there. Returns
+    (h_new in h's dtype, theta). Eager mode runs the fused `_SphereStep` (few passes over memory,
+    saves only h and s); under torch.compile the plain expression is traced instead, which
+    inductor fuses and rematerialises by itself; without gradients (inference) the plain one too.
+    """
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (h, s, *params))
+    if torch.compiler.is_compiling() or not needs_grad:
+        h32, s32 = _acc(h), _acc(s)
+        a, w, theta = _coefficients(*_tangent_dots(h32, s32), angle, params)
+        return torch.addcmul(a * h32, w, s32).to(h.dtype), theta
+    return _SphereStep.apply(h, s, angle, *params)

@@ -220,11 +220,15 @@ class _SphereVariant(Variant):
         self.track = False                       # the monitor turns this on at stats steps
         self.last_theta: Optional[torch.Tensor] = None
 
-    def angle(self, r: torch.Tensor) -> torch.Tensor:
+    def angle(self, r: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        """Rotation angle from r = ||v||/||h|| and the learnable scalars `params`."""
         raise NotImplementedError
 
+    def angle_params(self):
+        return ()
+
     def forward(self, h, f):
-        h_new, theta = sphere_update(h, f(h), self.angle)
+        h_new, theta = sphere_update(h, f(h), self.angle, self.angle_params())
         if self.track:
             self.last_theta = theta.detach()
         return h_new
@@ -245,9 +249,12 @@ class GeoNorm(_SphereVariant):
         self.a = nn.Parameter(torch.tensor(1.0))
         self.b = nn.Parameter(torch.tensor(0.0))
 
-    def angle(self, r):
+    def angle_params(self):
+        return (self.a, self.b)
+
+    def angle(self, r, a, b):
         theta0 = r.clamp(max=self.clamp)                           # clamp before decay
-        return ((self.a * theta0 + self.b) * self.lam).clamp(max=self.clamp)  # and after
+        return ((a * theta0 + b) * self.lam).clamp(max=self.clamp)  # and after
 
     def step_sizes(self):
         return {"a": self.a.detach(), "b": self.b.detach()}
@@ -270,8 +277,11 @@ class SpheretNorm(_SphereVariant):
         self.p = cfg.p
         self.rho = nn.Parameter(torch.tensor(self._RHO_INIT))
 
-    def angle(self, r):
-        return spheret_angle(F.softplus(self.rho) * self.lam * r, self.p)
+    def angle_params(self):
+        return (self.rho,)
+
+    def angle(self, r, rho):
+        return spheret_angle(F.softplus(rho) * self.lam * r, self.p)
 
     def step_sizes(self):
         return {"alpha": F.softplus(self.rho.detach())}

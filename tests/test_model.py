@@ -131,13 +131,13 @@ def test_geonorm_clamp_before_and_after_decay():
     rules = model.rules()
     big, mid = torch.tensor([[10.0]]), torch.tensor([[0.5]])
     # before: r = 10 is clamped to c, then decayed: block 2 gives c/2 (unclamped it would be 5 -> c)
-    assert rules[2].angle(big).item() == pytest.approx(c / 2)
+    assert rules[2].angle(big, *rules[2].angle_params()).item() == pytest.approx(c / 2)
     # after: a = 10 makes (a*0.5)*(1/2) = 2.5, clamped to c
     with torch.no_grad():
         rules[2].a.fill_(10.0)
-    assert rules[2].angle(mid).item() == pytest.approx(c)
+    assert rules[2].angle(mid, *rules[2].angle_params()).item() == pytest.approx(c)
     # block 1, sublayer MLP shares lambda_1 = 1
-    assert rules[1].angle(mid).item() == pytest.approx(0.5)
+    assert rules[1].angle(mid, *rules[1].angle_params()).item() == pytest.approx(0.5)
 
 
 @pytest.mark.parametrize("schedule,expected", [

@@ -106,7 +106,7 @@ def test_sphere_update_gradients_match_reference():
     a = torch.tensor(1.7, dtype=torch.float64, requires_grad=True)
 
     def fused(h, s, a):
-        return sphere_update(h, s, lambda r: torch.atan(a * r))[0]
+        return sphere_update(h, s, lambda r, a: torch.atan(a * r), (a,))[0]
 
     def reference(h, s, a):
         v = tangent(h, s)
