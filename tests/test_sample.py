@@ -1,0 +1,121 @@
+"""model/generate.py and sample.py: the KV cache changes nothing but speed, for every variant, within
+block_size and across the crop; seeded sampling is reproducible; bad input gives one clear line."""
+import pytest
+import torch
+
+from model import GPT, VARIANTS, GPTConfig
+from model.generate import generate, sample_next
+
+BLOCK = 16
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread is fastest, and 2 OpenMP threads on a busy shared machine are ~50x slower."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def tiny_model(norm="pre_ln", seed=0):
+    torch.manual_seed(seed)
+    m = GPT(GPTConfig(norm=norm, vocab_size=320, block_size=BLOCK, n_layer=2, n_head=2, n_embd=32))
+    with torch.no_grad():  # larger weights than GPT-2's init: greedy paths that depend on the context
+        for p in m.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.3)
+    return m.eval()
+
+
+@pytest.mark.parametrize("norm", list(VARIANTS))
+def test_greedy_with_cache_equals_without_for_every_variant(norm):
+    model = tiny_model(norm)
+    prompt = torch.randint(0, 257, (2, 5), generator=torch.Generator().manual_seed(1))
+    for new, keep in [(BLOCK - 5, None), (3 * BLOCK, None), (3 * BLOCK, 6)]:  # within, across the crop
+        a = generate(model, prompt, new, temperature=0, use_cache=True, crop_keep=keep)
+        b = generate(model, prompt, new, temperature=0, use_cache=False, crop_keep=keep)
+        assert a.shape == (2, 5 + new)
+        assert torch.equal(a, b), (norm, new, keep)
+        assert len(set(a[:, 5:].flatten().tolist())) > 2  # real paths, not one repeated token
+
+
+def test_crop_is_nanogpt_sliding_window():
+    """Past block_size each token is predicted from exactly the last block_size tokens."""
+    model = tiny_model(seed=3)
+    prompt = torch.randint(0, 257, (1, BLOCK), generator=torch.Generator().manual_seed(2))
+    out = generate(model, prompt, 10, temperature=0)
+    for t in range(BLOCK, out.size(1)):
+        logits, _ = model(out[:, t - BLOCK:t], last_only=True)
+        assert logits[0, -1].argmax().item() == out[0, t].item()
+
+
+def test_same_seed_same_samples_and_filters():
+    model = tiny_model(seed=4)
+    prompt = torch.randint(0, 257, (3, 4), generator=torch.Generator().manual_seed(0))
+
+    def draw(seed, **kw):
+        return generate(model, prompt, 2 * BLOCK, generator=torch.Generator().manual_seed(seed), **kw)
+
+    assert torch.equal(draw(7, top_k=50, top_p=0.95), draw(7, top_k=50, top_p=0.95))
+    assert not torch.equal(draw(7), draw(8))
+    greedy = generate(model, prompt, 2 * BLOCK, temperature=0)
+    assert torch.equal(draw(5, top_k=1), greedy) and torch.equal(draw(6, top_p=1e-6), greedy)
+    # padded vocabulary ids above the tokenizer's are never sampled
+    assert draw(9, temperature=5.0, vocab_size=257).max().item() < 257
+
+
+def test_top_k_and_top_p_keep_the_right_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    g = torch.Generator().manual_seed(0)
+    ks = {sample_next(logits, top_k=2, generator=g).item() for _ in range(200)}
+    ps = {sample_next(logits, top_p=0.7, generator=g).item() for _ in range(200)}
+    assert ks == {0, 1} and ps == {0, 1}  # 0.5 < 0.7 needs the second token, not the third
+
+
+def test_bad_generation_arguments():
+    model = tiny_model()
+    with pytest.raises(ValueError, match=r"prompt is 17 tokens, longer than the model's context \(block_size=16\)"):
+        generate(model, torch.zeros(1, BLOCK + 1, dtype=torch.long), 4)
+    with pytest.raises(ValueError, match="top_p"):
+        generate(model, torch.zeros(1, 2, dtype=torch.long), 4, top_p=1.5)
+
+
+def save_ckpt(path, model):
+    torch.save({"format": "nanonorm-ckpt", "version": 1, "step": 1, "model": model.state_dict(),
+                "model_config": model.config.to_dict(), "tokenizer": "bytes", "data_dir": "",
+                "optimizer": {}, "scheduler": {}, "rng": {}, "loader": {}, "config": {},
+                "wandb_run_id": None}, path)
+    return path
+
+
+def run_sample(capsys, *argv):
+    import sample as sample_cli
+
+    rc = sample_cli.main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_sample_cli(tmp_path, capsys):
+    ckpt = save_ckpt(tmp_path / "ckpt.pt", tiny_model(seed=5))
+    args = [ckpt, "--prompt", "Hi", "--num-samples", "2", "--max-new-tokens", "40", "--top-k", "20", "--seed", "3"]
+    rc, out1, err = run_sample(capsys, *args)
+    assert rc == 0, err
+    assert out1.count("Hi") >= 2 and "-" * 40 in out1 and "tokens/s" in err
+    assert run_sample(capsys, *args)[1] == out1  # same seed, same samples
+    assert run_sample(capsys, *args[:-1], "4")[1] != out1
+    (tmp_path / "p.txt").write_text("From a file")
+    rc, out, _ = run_sample(capsys, ckpt, "--prompt-file", tmp_path / "p.txt", "--max-new-tokens", "5")
+    assert rc == 0 and out.startswith("From a file")
+
+
+def test_sample_cli_errors(tmp_path, capsys):
+    ckpt = save_ckpt(tmp_path / "ckpt.pt", tiny_model())
+    for argv, needle in [((ckpt, "--prompt", "x" * (BLOCK + 3)), "prompt is 19 tokens, longer than the model's context (block_size=16)"),
+                         ((tmp_path / "nope.pt",), "does not exist"),
+                         ((tmp_path,), "no checkpoints"),
+                         ((ckpt, "--temperature", "-1"), "temperature=-1")]:
+        rc, out, err = run_sample(capsys, *argv)
+        assert rc == 2 and needle in err, err
+        assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
