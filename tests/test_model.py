@@ -43,6 +43,7 @@ def expected_params(norm, d=D, n=N, v=V, t=T, first_layer="v2"):
         "pre_dyt": (sub + 1) * (2 * d + 1),
         "geonorm": 2 * sub + ln,
         "spheret": sub + 1 + ln, "proj_spheret": sub + 1 + ln, "cay_spheret": sub + 1 + ln,
+        "lns": (sub + 1) * ln, "mix_ln": (sub + 1) * ln,
     }[norm]
     return body + extra
 
@@ -380,3 +381,19 @@ def test_hydra_compose_every_norm_with_every_model():
                 cfg = compose(overrides=[f"+model={m}", "+norm=pre_ln"])
                 count = GPT(GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=50257)).num_params()
                 assert count == pytest.approx(n, rel=0.03), m
+
+
+def test_layernorm_scaling_divides_the_normed_input_by_sqrt_block_index():
+    model = build("lns", n_layer=4)
+    h, f = torch.randn(2, T, D), (lambda x: 2.0 * x)
+    for j, r in enumerate(model.rules()):
+        k = j // 2 + 1
+        assert torch.allclose(r(h, f), h + 2.0 * r.norm(h) / math.sqrt(k), atol=1e-6)
+
+
+def test_mix_ln_is_post_ln_in_the_first_quarter_then_pre_ln():
+    model = build("mix_ln", n_layer=8)
+    h, f = torch.randn(2, T, D), (lambda x: 2.0 * x)
+    for j, r in enumerate(model.rules()):
+        want = r.norm(h + f(h)) if j // 2 < 2 else h + f(r.norm(h))
+        assert r.post == (j // 2 < 2) and torch.allclose(r(h, f), want, atol=1e-6)
