@@ -10,8 +10,7 @@ Points come from the experiment file's `experiment_meta` (`variants` or labelled
 `seeds`); `--grid key=v1,v2` adds an axis (a `norm` or `train.seed` axis replaces the experiment's).
 Each point runs in `<runs-root>/<sweep>/<label>-s<seed>` with wandb group `<sweep>`; a point whose
 metrics.jsonl ends with a `summary` line is skipped, any other is (re)started with train.resume=auto,
-which resumes from its latest checkpoint (a point that died before its first checkpoint starts
-over with train.overwrite=true). `<runs-root>/<sweep>/sweep.json` records each point's
+which resumes from its latest checkpoint (or starts over, if the point died before its first one). `<runs-root>/<sweep>/sweep.json` records each point's
 label, seed and overrides, which plot_curves.py and make_table.py use to group runs.
 """
 from __future__ import annotations
@@ -35,7 +34,7 @@ import runlib  # noqa: E402
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "configs" / "experiment"
 # Config keys this script sets on every point (CONTRACTS.md layout; configs/{train,logging}).
-KEY_SEED, KEY_RESUME, KEY_OVERWRITE = "train.seed", "train.resume", "train.overwrite"
+KEY_SEED, KEY_RESUME = "train.seed", "train.resume"
 KEY_GROUP = "logging.wandb.group"
 
 
@@ -139,7 +138,7 @@ def build_points(meta: dict, grid: list[str], seeds: str | None, variants: str |
 
 def point_status(run_dir: Path) -> str:
     """done (summary written) | resume (has a checkpoint) | restart (died before its first
-    checkpoint: nothing to resume, start over) | new."""
+    checkpoint: train.resume=auto starts it over, dropping its stale records) | new."""
     if runlib.is_finished(run_dir):
         return "done"
     if any((run_dir / "checkpoints").glob("ckpt_*.pt")):
@@ -149,7 +148,7 @@ def point_status(run_dir: Path) -> str:
     return "new"
 
 
-def command(point: dict, args, sweep_dir: Path, sweep: str, status: str = "new") -> list[str]:
+def command(point: dict, args, sweep_dir: Path, sweep: str) -> list[str]:
     train_py = os.path.relpath(REPO / "train.py")  # relative to where the sweep is started
     launcher = ([args.python, train_py] if args.nproc == 1 else
                 ["torchrun", "--standalone", f"--nproc_per_node={args.nproc}", train_py])
@@ -157,8 +156,6 @@ def command(point: dict, args, sweep_dir: Path, sweep: str, status: str = "new")
     ovr += point["overrides"] + [f"{KEY_SEED}={point['seed']}"] + list(args.overrides)
     ovr += [f"run_name={sweep}-{point['dir']}", f"out_dir={sweep_dir / point['dir']}",
             f"{KEY_GROUP}={sweep}", f"{KEY_RESUME}=auto"]
-    if status == "restart":  # train.py refuses a dir holding a run unless told to start over
-        ovr.append(f"{KEY_OVERWRITE}=true")
     return launcher + ovr
 
 
@@ -245,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     for p in points:
         status = point_status(sweep_dir / p["dir"])
         counts[status] += 1
-        cmd = command(p, args, sweep_dir, sweep, status)
+        cmd = command(p, args, sweep_dir, sweep)
         if status == "done":
             print(f"# skip (finished): {p['dir']}")
         else:
