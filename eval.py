@@ -43,6 +43,8 @@ def default_out(ckpt_path: Path, step: int) -> Path:
 
 def resolve_data_dir(cfg, ckpt: dict, rt) -> Path:
     """The checkpoint's prepared data dir; prepared again from the run's data config when missing."""
+    from evaluation.config import EvalConfigError
+
     if cfg.data_dir is not None:
         d = Path(cfg.data_dir)
     else:
@@ -63,7 +65,7 @@ def resolve_data_dir(cfg, ckpt: dict, rt) -> Path:
     if meta.is_file():
         tok = json.loads(meta.read_text()).get("tokenizer")
         if tok is not None and tok != ckpt["tokenizer"]:
-            raise ValueError(f"data dir {d} is tokenized with {tok!r} but the checkpoint's model uses "
+            raise EvalConfigError(f"data dir {d} is tokenized with {tok!r} but the checkpoint's model uses "
                              f"{ckpt['tokenizer']!r}; pass --data-dir of a split prepared with {ckpt['tokenizer']!r}")
     return d
 

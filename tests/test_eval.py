@@ -266,3 +266,46 @@ def test_bad_eval_options_give_one_clear_line(tmp_path, capsys):
     write_split(tmp_path / "data", [40])
     rc, _, err = run_eval(capsys, ckpt, "--tasks", "none", "--data-dir", tmp_path / "data", "--split", "test")
     assert rc == 2 and "no 'test' shards" in err and "val" in err
+
+
+def test_generate_until_is_greedy_and_stops_at_the_until_string(lm):
+    from model.generate import generate
+
+    tok = lm.tokenizer
+    ctx = "Once"  # 4 + 12 tokens fit block_size: no left truncation of the context
+    ids = generate(lm.model, torch.tensor([tok.encode(ctx)]), 12, temperature=0, vocab_size=tok.vocab_size)
+    full = tok.decode(ids[0, len(ctx):].tolist())
+    stop = full[5:7]  # a string the greedy path produces: generation must stop there and cut it off
+    out = lm.generate_until([req("generate_until", ctx, {"until": [stop], "max_gen_toks": 12}),
+                             req("generate_until", ctx, {"until": ["\x00never"], "max_gen_toks": 12})])
+    assert out[0] == full.split(stop)[0] and len(out[0]) <= 5
+    assert out[1] == full.split(tok.decode([tok.eot]))[0]
+
+
+def test_torchrun_splits_evaluation_across_ranks(tmp_path):
+    """2 gloo ranks on CPU give the single-process perplexity and task metrics."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    model = tiny_model(seed=6)
+    write_split(tmp_path / "data", [3 * BLOCK + 1, 37])
+    ckpt = save_ckpt(tmp_path / "ckpt.pt", model, tmp_path / "data")
+    write_task(tmp_path)
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_DATASETS_CACHE": str(tmp_path / "hf"),
+           "PYTHONPATH": str(repo)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(repo / "eval.py"),
+           str(ckpt), "--tasks", "toy_mc", "--include-path", str(tmp_path), "--bootstrap-iters", "0",
+           "--stride", "8", "--batch-size", "2", "--out", str(tmp_path / "ddp.json")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((tmp_path / "ddp.json").read_text())
+    assert res["world_size"] == 2
+    single = evaluate_perplexity(model, tmp_path / "data", "val", stride=8)
+    assert res["perplexity"]["tokens"] == single["tokens"] == 3 * BLOCK + 36
+    assert res["perplexity"]["loss"] == pytest.approx(single["loss"], rel=1e-6)
+    lm1 = NanoLM(model, get_tokenizer("bytes"))
+    results, _ = run_tasks(lm1, ["toy_mc"], include_path=str(tmp_path), bootstrap_iters=0, echo=lambda m: None)
+    assert res["tasks"]["toy_mc"]["acc"] == results["toy_mc"]["acc"] and res["tasks"]["toy_mc"]["samples"] == 4
