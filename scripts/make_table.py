@@ -89,7 +89,7 @@ def _header(paper: dict | None) -> list[str]:
 
 def _footnotes(rows: list[dict], paper: dict | None, setting: str | None) -> list[str]:
     notes = ["mean ± std over seeds (std needs ≥ 2 seeds); spikes summed over seeds."]
-    if any(r["diverged"] for r in rows):
+    if any(r["diverged"] and r["loss_mean"] is not None for r in rows):
         notes.append("† some seeds diverged; the mean is over the others.")
     if any(r["unfinished"] for r in rows):
         notes.append("* some runs had not finished; their last evaluation is used.")

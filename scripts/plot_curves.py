@@ -25,6 +25,9 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import runlib  # noqa: E402
 
+# tab10 plus two: the 11 variants get distinct colours.
+PALETTE = list(plt.get_cmap("tab10").colors) + ["#000000", "#b8860b"]
+
 
 def series(lines: list[dict], key: str, ema: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     x = np.array([float(r["tokens"]) for r in lines if key in r and r[key] is not None])
@@ -63,7 +66,7 @@ def _ylim(ax, values: list[np.ndarray]) -> None:
 def plot_loss(groups: dict[str, list[runlib.Run]], out: Path, title: str, ema: float,
               paper: dict | None) -> Path:
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = PALETTE
     seen_t, seen_v = [], []
     for i, (label, runs) in enumerate(groups.items()):
         c = colors[i % len(colors)]
@@ -128,7 +131,7 @@ def rms_profile(run: runlib.Run) -> np.ndarray | None:
 
 def plot_rms(groups: dict[str, list[runlib.Run]], out: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colors = PALETTE
     drawn = 0
     for i, (label, runs) in enumerate(groups.items()):
         profs = [p for p in map(rms_profile, runs) if p is not None]

@@ -44,7 +44,7 @@ def make_run(d: Path, norm: str, seed: int, final: float, *, diverged: bool = Fa
     for k, v in (extra_cfg or {}).items():
         top, key = k.split(".")
         cfg[top][key] = v
-    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))  # key order as OmegaConf writes it
     tpt = 1024
     lines = []
     for s in range(0, steps + 1, 5):
@@ -296,3 +296,31 @@ def test_every_experiment_config_composes() -> None:
         assert (c.model.n_layer, c.model.n_embd, c.data.tokenizer, c.optim.lr) == (24, 128, "bytes", 1e-2)
         d = compose("config", overrides=["experiment=geonorm_clamp_books3"])
         assert d.norm.name == "geonorm"
+
+
+def test_sweep_runs_points_in_turn_and_reruns_only_the_failed(tmp_path: Path, capsys) -> None:
+    """Local execution with a stand-in for python/train.py: each point's command runs, a failing point
+    makes the sweep exit 1 without stopping the others, sweep.json records labels, reruns skip done points."""
+    calls = tmp_path / "calls.txt"
+    stub = tmp_path / "fakepython"
+    stub.write_text(f"""#!{sys.executable}
+import json, sys
+from pathlib import Path
+kv = dict(a.split("=", 1) for a in sys.argv[2:])
+with open({str(calls)!r}, "a") as f:
+    f.write(kv["out_dir"].split("/")[-1] + "\\n")
+if kv["norm"] == "post_ln" and not Path({str(tmp_path / "fixed")!r}).exists():
+    sys.exit(3)
+d = Path(kv["out_dir"]); d.mkdir(parents=True, exist_ok=True)
+(d / "metrics.jsonl").write_text(json.dumps({{"kind": "summary", "step": 1, "tokens": 1, "final_val_loss": 2.0}}) + "\\n")
+""")
+    stub.chmod(0o755)
+    argv = ["--name", "t", "--grid", "norm=pre_ln,post_ln,geonorm", "--runs-root", str(tmp_path), "--python", str(stub)]
+    assert sweep.main(argv) == 1
+    assert calls.read_text().split() == ["pre_ln-s0", "post_ln-s0", "geonorm-s0"]
+    assert "1 point(s) failed: post_ln-s0" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "t" / "sweep.json").read_text())
+    assert [(p["label"], p["seed"]) for p in manifest["points"]] == [("pre_ln", "0"), ("post_ln", "0"), ("geonorm", "0")]
+    (tmp_path / "fixed").touch()
+    assert sweep.main(argv) == 0
+    assert calls.read_text().split()[3:] == ["post_ln-s0"]  # only the unfinished point ran again
