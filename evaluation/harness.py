@@ -7,7 +7,6 @@ continuation longer than the context is scored in full-context chunks instead of
 """
 from __future__ import annotations
 
-import logging
 from typing import Optional
 
 import torch
@@ -18,9 +17,7 @@ from tqdm import tqdm
 from model.generate import generate
 
 from .runtime import Runtime
-from .scoring import Window, plan_windows, score_batch
-
-log = logging.getLogger(__name__)
+from .scoring import plan_windows, score_batch
 
 DEFAULT_TASKS = ("lambada_openai", "wikitext", "hellaswag", "piqa", "arc_easy", "arc_challenge",
                  "winogrande", "boolq", "openbookqa", "sciq", "social_iqa")
