@@ -32,6 +32,8 @@ def build_rows(groups: dict[str, list[runlib.Run]], paper: dict | None) -> list[
     labels = list(groups)
     if paper:  # the paper's variants we did not run still get a row, so nothing is hidden
         labels += [k for k in list(paper.get("values", {})) + list(paper.get("notes", {})) if k not in labels]
+        if all(lbl in runlib.VARIANT_ORDER for lbl in labels):  # paper-only rows in their usual place
+            labels = runlib.sort_labels(labels)
     for label in labels:
         runs = groups.get(label, [])
         ok = [r for r in runs if not r.diverged and r.final_val_loss is not None]
@@ -94,7 +96,7 @@ def _footnotes(rows: list[dict], paper: dict | None, setting: str | None) -> lis
     if any(r["unfinished"] for r in rows):
         notes.append("* some runs had not finished; their last evaluation is used.")
     if paper is not None:
-        notes.append(f"paper: {paper.get('description', setting)} (setting `{setting}`).")
+        notes.append(f"paper: {paper.get('description', setting)} (setting {setting}).")
     return notes
 
 

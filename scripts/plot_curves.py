@@ -95,11 +95,16 @@ def plot_loss(groups: dict[str, list[runlib.Run]], out: Path, title: str, ema: f
     if paper:
         for i, (label, _) in enumerate(groups.items()):
             curve = (paper.get("curve") or {}).get(label)
-            if curve:
-                tokens_per_step = _tokens_per_step(groups[label])
-                if tokens_per_step:
-                    ax_v.plot(np.array(curve["steps"]) * tokens_per_step, curve["val_loss"], "o",
-                              mfc="none", color=colors[i % len(colors)], label=f"{label} (paper)")
+            tokens_per_step = _tokens_per_step(groups[label]) if curve else None
+            if tokens_per_step:
+                # Only the paper's points within our runs' length (a short run is not its 50k steps).
+                last = max(r.last_step or 0 for r in groups[label])
+                pts = [(st, v) for st, v in zip(curve["steps"], curve["val_loss"]) if st <= 1.05 * last]
+                if pts:
+                    st, v = map(np.array, zip(*pts))
+                    seen_v.append(v)
+                    ax_v.plot(st * tokens_per_step, v, "o", mfc="none", color=colors[i % len(colors)],
+                              label=f"{label} (paper)")
     _ylim(ax_t, seen_t)
     _ylim(ax_v, seen_v)
     for ax, t in ((ax_t, "train loss"), (ax_v, "validation loss")):
