@@ -137,7 +137,8 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
              f"stride {cfg.stride or model.config.block_size}")
         payload["data_dir"] = str(data_dir)
         payload["perplexity"] = evaluate_perplexity(model, data_dir, cfg.split, stride=cfg.stride,
-                                                    token_budget=cfg.token_budget, batch_size=cfg.batch_size, rt=rt)
+                                                    token_budget=cfg.token_budget, batch_size=cfg.batch_size, rt=rt,
+                                                    progress=rt.is_main)
         echo(f"perplexity: loss {payload['perplexity']['loss']:.4f}, ppl {payload['perplexity']['ppl']:.3f}")
 
     if cfg.tasks:

@@ -16,6 +16,7 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
+from tqdm import tqdm
 
 from .scoring import count_windows, plan_windows, score_batch
 
@@ -41,7 +42,8 @@ def split_shards(data_dir, split: str) -> list[Path]:
 
 
 def evaluate_perplexity(model, data_dir, split: str = "val", *, stride: Optional[int] = None,
-                        token_budget: Optional[int] = None, batch_size: int = 8, rt=None) -> dict:
+                        token_budget: Optional[int] = None, batch_size: int = 8, rt=None,
+                        progress: bool = False) -> dict:
     """Mean next-token loss (nats) and perplexity over the first `token_budget` scored tokens of the
     split (None: all of it). stride: new tokens scored per window (None: block_size, no overlap)."""
     from data.shards import open_shard
@@ -59,20 +61,25 @@ def evaluate_perplexity(model, data_dir, split: str = "val", *, stride: Optional
     k = 0  # global window index: window k goes to rank k % world_size
     batch = []
 
-    def flush():
-        lp, _, n = score_batch(model, batch, rt.device, rt.autocast())
-        nll.sub_(lp.sum())
-        count.add_(n.sum())
-        batch.clear()
-
-    n_windows = 0
+    shards = []  # (tokens, how many of them to use)
     for path in split_shards(data_dir, split):
         if remaining <= 0:
             break
         tok = open_shard(path)
         n = int(min(len(tok), remaining + 1))
         remaining -= max(n - 1, 0)
-        n_windows += count_windows(n, 1, block_size, stride)
+        shards.append((tok, n))
+    n_windows = sum(count_windows(n, 1, block_size, stride) for _, n in shards)
+    bar = tqdm(total=n_windows, desc=f"perplexity ({split})", unit="win", disable=not progress)
+
+    def flush():
+        lp, _, n = score_batch(model, batch, rt.device, rt.autocast())
+        nll.sub_(lp.sum())
+        count.add_(n.sum())
+        bar.update(len(batch) * rt.world_size)
+        batch.clear()
+
+    for tok, n in shards:
         for w in plan_windows(n, 1, block_size, stride):
             if k % rt.world_size == rt.rank:
                 batch.append((tok, w))
@@ -81,6 +88,7 @@ def evaluate_perplexity(model, data_dir, split: str = "val", *, stride: Optional
             k += 1
     if batch:
         flush()
+    bar.close()
     if rt.world_size > 1:
         dist.all_reduce(nll)
         dist.all_reduce(count)
