@@ -11,6 +11,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from data import DataError
 from trainer.checkpoint import CheckpointError
 from trainer.config import ConfigError
 from trainer.distributed import env_rank, hydra_argv_for_rank
@@ -26,7 +27,7 @@ def main(cfg: DictConfig) -> dict:
 def _hydra_main(cfg: DictConfig) -> None:
     try:
         result = main(cfg)
-    except (ConfigError, CheckpointError) as e:
+    except (ConfigError, DataError, CheckpointError) as e:
         # One clear line, no traceback: these are user errors (bad override, unusable checkpoint).
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

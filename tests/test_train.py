@@ -214,3 +214,17 @@ def test_run_dir_checkpoints_keep_last_and_errors(tmp_path):
     with pytest.raises(ck.CheckpointError, match="not a nanonorm checkpoint"):
         torch.save({"a": 1}, tmp_path / "other.pt")
         ck.load_checkpoint(tmp_path / "other.pt")
+
+
+def test_sigusr1_and_sigterm_only_set_a_flag():
+    import signal
+    stop = ck.StopSignal().install()
+    try:
+        assert stop.received is None
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert stop.received == "SIGUSR1"  # the loop, not the handler, checkpoints (at a step boundary)
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.received == "SIGTERM"
+    finally:
+        stop.uninstall()
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

@@ -98,7 +98,8 @@ class Trainer:
         self.mcfg = GPTConfig.from_hydra(self.cfg.model, self.cfg.norm, vocab_size=self.tok.vocab_size)
         T = self.mcfg.block_size
         self.accum = grad_accum_steps(t.batch_tokens, t.micro_batch_size, T, d.world_size)
-        self.run_dir = Path(self.cfg.out_dir)
+        # Rank 0's resolution of out_dir is the run dir for everyone (robust even to ${now:} in run_name).
+        self.run_dir = Path(D.broadcast_object(str(self.cfg.out_dir)))
         resume_path = self._resolve_resume()
 
         # Model init from `seed` on every rank (DDP also broadcasts rank 0's weights); then per-rank seeds.
@@ -259,7 +260,10 @@ class Trainer:
                 self.log_stats(s)
                 excluded += time.perf_counter() - e0
             # Log steps: every log_interval, plus before any checkpoint (so a resumed run logs identically).
-            if s % lg.log_interval == 0 or is_ckpt or n_buf == lg.log_interval:
+            # A signal is acted on at this step in a single process; under DDP all ranks must agree,
+            # which they do at the next log step (its all-reduce carries the flag).
+            signalled = self.stop.received is not None and not self.d.enabled
+            if s % lg.log_interval == 0 or is_ckpt or n_buf == lg.log_interval or signalled:
                 elapsed = time.perf_counter() - t0 - excluded
                 signal_seen, consec = self.log_train(s, n_buf, elapsed)
                 n_buf, t0, excluded = 0, time.perf_counter(), 0.0
