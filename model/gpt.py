@@ -35,9 +35,14 @@ class KVCache:
             raise ValueError(f"KV cache was made for batch size {self.batch_size}, got {B}")
         if self.pos + T > self.max_len:
             raise ValueError(f"KV cache full: {self.pos} + {T} tokens exceed max_len={self.max_len}")
-        if self.k[layer] is None or self.k[layer].dtype != k.dtype:  # allocate lazily: dtype follows autocast
+        cached = self.k[layer]
+        if cached is None or (self.pos == 0 and (cached.dtype, cached.device) != (k.dtype, k.device)):
+            # allocated on first use, so the dtype follows autocast and the device follows the model
             self.k[layer] = k.new_zeros(B, H, self.max_len, hd)
             self.v[layer] = v.new_zeros(B, H, self.max_len, hd)
+        elif (cached.dtype, cached.device) != (k.dtype, k.device):
+            raise ValueError(f"KV cache holds {cached.dtype} on {cached.device} but got {k.dtype} on {k.device} "
+                             "mid-sequence: keep autocast and device fixed, or reset() the cache")
         self.k[layer][:, :, self.pos:self.pos + T] = k
         self.v[layer][:, :, self.pos:self.pos + T] = v
         return self.k[layer][:, :, :self.pos + T], self.v[layer][:, :, :self.pos + T]
@@ -158,8 +163,15 @@ class GPT(nn.Module):
 
     # ---- helpers for training, evaluation and research code ----
     def new_kv_cache(self, batch_size: int, max_len: Optional[int] = None, device=None, dtype=None) -> KVCache:
-        """An empty KV cache (storage is allocated on first use, in the attention's dtype and device)."""
-        return KVCache(self.config.n_layer, batch_size, max_len or self.config.block_size)
+        """An empty KV cache. With `device` and `dtype` (the attention's dtype: the autocast dtype
+        under autocast) its storage is allocated now; otherwise on first use, from the keys' own."""
+        cfg = self.config
+        cache = KVCache(cfg.n_layer, batch_size, max_len or cfg.block_size)
+        if device is not None and dtype is not None:
+            shape = (batch_size, cfg.n_head, cache.max_len, cfg.n_embd // cfg.n_head)
+            cache.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+            cache.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(cfg.n_layer)]
+        return cache
 
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameter count; like nanoGPT, position embeddings are excluded by default (the token

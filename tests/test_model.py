@@ -327,6 +327,11 @@ def test_kv_cache_incremental_equals_full_forward():
         assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
         with pytest.raises(ValueError, match="block_size"):
             model(x[:, :1], kv_cache=cache)
+    cache = model.new_kv_cache(2, device="cpu", dtype=torch.float32)  # preallocated
+    assert cache.k[0].shape == (2, 2, T, D // 2)
+    model(x[:, :4], kv_cache=cache)
+    with torch.autocast("cpu", dtype=torch.bfloat16), pytest.raises(ValueError, match="mid-sequence"):
+        model(x[:, 4:5], kv_cache=cache)  # switching dtype mid-sequence would silently drop the cache
 
 
 @pytest.mark.parametrize("kw,match", [
