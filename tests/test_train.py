@@ -28,6 +28,15 @@ TINY = [f"data.root={DATA_ROOT}", "model.n_layer=2", "model.n_head=2", "model.n_
         "logging.wandb.mode=disabled", "logging.console=false", "train.deterministic=true", "optim.warmup_steps=2"]
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    # Tiny models gain nothing from a second thread, and on a shared machine OpenMP spinning wastes CPU.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def make_cfg(run_dir, *overrides):
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
         return compose("config", overrides=[*TINY, f"out_dir={run_dir}", *overrides])
