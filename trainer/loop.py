@@ -251,7 +251,7 @@ class Trainer:
         while self.step < t.max_steps:
             s = self.step + 1  # the step being made; records use completed-step counts
             is_stats = s % lg.stats_interval == 0
-            gn = self.train_step(s, is_stats, n_buf)
+            self.train_step(s, is_stats, n_buf)
             self.step, n_buf = s, n_buf + 1
             last = s == t.max_steps
             is_ckpt = s % t.ckpt_interval == 0 or last or (t.stop_at is not None and s >= t.stop_at)
