@@ -29,6 +29,7 @@ class TrainConfig:
     precision: str = "auto"
     compile: Union[str, bool] = "auto"
     deterministic: bool = False
+    threads: Optional[int] = None
     eval_interval: int = 100
     eval_tokens: int = 65536
     eval_batch_size: Optional[int] = None
@@ -49,6 +50,8 @@ class TrainConfig:
         for k in ("max_steps", "batch_tokens", "micro_batch_size", "eval_interval", "eval_tokens",
                   "ckpt_interval", "keep_last", "max_skipped", "inject_nan_steps"):
             _positive(f"train.{k}", getattr(self, k))
+        if self.threads is not None:
+            _positive("train.threads", self.threads)
         if self.eval_batch_size is not None:
             _positive("train.eval_batch_size", self.eval_batch_size)
         if self.stop_at is not None:

@@ -64,6 +64,7 @@ class Trainer:
         self.sinks: list[Sink] = []
         self.stop = ck.StopSignal()
         self._was_deterministic = torch.are_deterministic_algorithms_enabled()
+        self._was_threads = torch.get_num_threads()
 
     # --- setup -----------------------------------------------------------------------------------
 
@@ -77,6 +78,8 @@ class Trainer:
         if self.precision == "fp16" and self.device.type == "cpu":
             log.warning("fp16 on CPU is slow and only useful for testing the GradScaler path")
         use_compile = (self.device.type == "cuda") if t.compile == "auto" else t.compile
+        if t.threads is not None:
+            torch.set_num_threads(t.threads)
         if t.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -462,6 +465,7 @@ class Trainer:
     def close(self) -> None:
         self.stop.uninstall()
         torch.use_deterministic_algorithms(self._was_deterministic)  # in-process callers (tests) get theirs back
+        torch.set_num_threads(self._was_threads)
         for s in self.sinks:
             s.close()
 
