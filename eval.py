@@ -73,7 +73,7 @@ def resolve_data_dir(cfg, ckpt: dict, rt) -> Path:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("path", help="run directory (its newest checkpoint) or checkpoint file")
-    from evaluation.config import add_flags, from_args
+    from evaluation.config import add_flags
 
     add_flags(parser)
     args = parser.parse_args(argv)

@@ -16,7 +16,6 @@ import hashlib
 import json
 import multiprocessing as mp
 import os
-import shutil
 import sys
 import time
 from pathlib import Path

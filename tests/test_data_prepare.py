@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data import DataError, TrainLoader, ValLoader, get_tokenizer, prepare_dataset, register_tokenizer
+from data import DataError, TrainLoader, ValLoader, get_tokenizer, prepare_dataset
 from data.config import DataConfig
 from data.prepare import compose_data_config
 from data.shards import ShardError, open_shard, read_header, write_shard

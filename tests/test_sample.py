@@ -9,15 +9,6 @@ from model.generate import generate, sample_next
 BLOCK = 16
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is fastest, and 2 OpenMP threads on a busy shared machine are ~50x slower."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def tiny_model(norm="pre_ln", seed=0):
     torch.manual_seed(seed)
     m = GPT(GPTConfig(norm=norm, vocab_size=320, block_size=BLOCK, n_layer=2, n_head=2, n_embd=32))

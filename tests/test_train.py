@@ -28,15 +28,6 @@ TINY = [f"data.root={DATA_ROOT}", "model.n_layer=2", "model.n_head=2", "model.n_
         "logging.wandb.mode=disabled", "logging.console=false", "train.deterministic=true", "optim.warmup_steps=2"]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # Tiny models gain nothing from a second thread, and on a shared machine OpenMP spinning wastes CPU.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_cfg(run_dir, *overrides):
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
         return compose("config", overrides=[*TINY, f"out_dir={run_dir}", *overrides])
@@ -199,7 +190,7 @@ def test_bad_overrides_fail_with_one_clear_line(tmp_path, override, match):
 
 
 def test_run_dir_checkpoints_keep_last_and_errors(tmp_path):
-    res = train(make_cfg(tmp_path, "train.max_steps=4", "train.ckpt_interval=1", "train.keep_last=2"))
+    train(make_cfg(tmp_path, "train.max_steps=4", "train.ckpt_interval=1", "train.keep_last=2"))
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["ckpt_00000003.pt", "ckpt_00000004.pt"]  # last K kept, no temp files left
     ckpt = ck.load_checkpoint(ck.find_latest(tmp_path))
