@@ -3,7 +3,7 @@
 # then the figures and the table under docs/.
 #   (a) experiment=cpu_study       6 layers x d=256, lr 1e-3,  409,600 tokens per run
 #   (b) experiment=cpu_study_deep  24 layers x d=128, lr 1e-2, 307,200 tokens per run (stress)
-# 15 runs per setting, ~50 min in all on the idle machine (11 variants + a second seed of pre_ln, post_ln, geonorm, proj_spheret).
+# 17 runs per setting, ~1 h in all on the idle machine (13 variants + a second seed of pre_ln, post_ln, geonorm, proj_spheret).
 #
 #   scripts/run_cpu_study.sh                        # ~1 h on 2 CPU cores; rerun to resume/skip finished runs
 #   scripts/run_cpu_study.sh train.max_steps=20     # any Hydra override, applied to every run (quick check)
