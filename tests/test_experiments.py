@@ -189,7 +189,7 @@ def _dry(capsys, *argv: str) -> tuple[list[list[str]], str]:
 
 def test_sweep_dry_run_experiment(capsys, tmp_path: Path) -> None:
     cmds, out = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path))
-    assert len(cmds) == 15  # 11 points + a second seed of 4 variants
+    assert len(cmds) == 17  # 13 points (11 variants + the extras lns, mix_ln) + a second seed of 4
     first = cmds[0]
     assert first[:2] == ["python", "train.py"]
     assert first[2:] == ["experiment=cpu_study", "norm=pre_ln", "train.seed=0", "run_name=cpu_study-pre_ln-s0",
@@ -225,7 +225,7 @@ def test_sweep_skips_finished_resumes_interrupted(capsys, tmp_path: Path) -> Non
     make_run(root / "deepnorm-s0", "deepnorm", 0, 3.0, finished=False)  # died before any checkpoint
     cmds, out = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path))
     assert "# skip (finished): pre_ln-s0" in out and "# resume: post_ln-s0" in out
-    assert "# restart: deepnorm-s0" in out and "1 finished, 1 to resume, 1 to restart, 12 new" in out
+    assert "# restart: deepnorm-s0" in out and "1 finished, 1 to resume, 1 to restart, 14 new" in out
     assert len(cmds) == 14
     assert not any(f"out_dir={root}/pre_ln-s0" in c for c in cmds)
     post = next(c for c in cmds if f"out_dir={root}/post_ln-s0" in c)
