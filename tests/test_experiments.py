@@ -196,7 +196,7 @@ def test_sweep_dry_run_experiment(capsys, tmp_path: Path) -> None:
                          f"out_dir={tmp_path}/cpu_study/pre_ln-s0", "logging.wandb.group=cpu_study",
                          "train.resume=auto"]
     outs = [c[-3].split("/")[-1] for c in cmds]
-    assert outs[11:] == ["pre_ln-s1", "post_ln-s1", "geonorm-s1", "proj_spheret-s1"]  # first seeds first
+    assert outs[13:] == ["pre_ln-s1", "post_ln-s1", "geonorm-s1", "proj_spheret-s1"]  # first seeds first
     sph = next(c for c in cmds if "out_dir=" + str(tmp_path) + "/cpu_study/spheret_p_inf-s0" in c)
     assert "norm=spheret" in sph and "norm.p=inf" in sph
     assert not (tmp_path / "cpu_study").exists()  # dry run writes nothing
@@ -226,7 +226,7 @@ def test_sweep_skips_finished_resumes_interrupted(capsys, tmp_path: Path) -> Non
     cmds, out = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path))
     assert "# skip (finished): pre_ln-s0" in out and "# resume: post_ln-s0" in out
     assert "# restart: deepnorm-s0" in out and "1 finished, 1 to resume, 1 to restart, 14 new" in out
-    assert len(cmds) == 14
+    assert len(cmds) == 16
     assert not any(f"out_dir={root}/pre_ln-s0" in c for c in cmds)
     post = next(c for c in cmds if f"out_dir={root}/post_ln-s0" in c)
     deep = next(c for c in cmds if f"out_dir={root}/deepnorm-s0" in c)
