@@ -87,12 +87,26 @@ def _coefficients(hh, hs, vv, angle, params):
     return torch.cos(theta) - w * (hs / hh_safe), w, theta
 
 
+def _bdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-token <a, b> as a batched mat-vec: one read of each input and no [..., d] temporary
+    (the sphere step is memory-bound on large activations). Autocast would run it in bf16: off."""
+    with torch.autocast(a.device.type, enabled=False):
+        return torch.matmul(a.unsqueeze(-2), b.unsqueeze(-1)).squeeze(-1)
+
+
 def _tangent_dots(h32, s32):
     """||h||^2, <h,s> and ||v||^2 with v = tangent(h, s) materialised: ||s||^2 - <h,s>^2/||h||^2
     would cancel catastrophically when s is nearly parallel to h."""
-    hh, hs = _dot(h32, h32), _dot(h32, s32)
+    hh, hs = _bdot(h32, h32), _bdot(h32, s32)
     v = torch.addcmul(s32, h32, hs / hh.clamp_min(_TINY), value=-1.0)
-    return hh, hs, _dot(v, v)
+    return hh, hs, _bdot(v, v)
+
+
+def _combine(a, x, b, y, c=None, z=None):
+    """a*x + b*y (+ c*z) with per-token scalars a, b, c: one new [..., d] buffer, updated in place."""
+    out = a * x
+    out.addcmul_(b, y)
+    return out if c is None else out.addcmul_(c, z)
 
 
 class _SphereStep(torch.autograd.Function):
@@ -115,7 +129,7 @@ class _SphereStep(torch.autograd.Function):
         ctx.graph = (a, w, leaves, pleaves)
         ctx.save_for_backward(h, s)
         ctx.c = hs / hh.clamp_min(_TINY)
-        out = torch.addcmul(a.detach() * h32, w.detach(), s32).to(h.dtype)
+        out = _combine(a.detach(), h32, w.detach(), s32).to(h.dtype)
         theta = theta.detach()
         ctx.mark_non_differentiable(theta)
         return out, theta
@@ -126,13 +140,13 @@ class _SphereStep(torch.autograd.Function):
         h, s = ctx.saved_tensors
         a, w, leaves, pleaves = ctx.graph
         h32, s32, g = _acc(h), _acc(s), _acc(g_out)
-        grads = torch.autograd.grad((a, w), leaves + pleaves, (_dot(g, h32), _dot(g, s32)),
+        grads = torch.autograd.grad((a, w), leaves + pleaves, (_bdot(g, h32), _bdot(g, s32)),
                                     allow_unused=True, retain_graph=True)  # tiny; lets backward rerun
         g_hh, g_hs, g_vv = (torch.zeros_like(a) if x is None else x for x in grads[:3])
         c = ctx.c
         cross = g_hs - 2 * c * g_vv
-        g_h = torch.addcmul(torch.addcmul(a.detach() * g, 2 * g_hh + 2 * c * c * g_vv, h32), cross, s32)
-        g_s = torch.addcmul(torch.addcmul(w.detach() * g, cross, h32), 2 * g_vv, s32)
+        g_h = _combine(a.detach(), g, 2 * g_hh + 2 * c * c * g_vv, h32, cross, s32)
+        g_s = _combine(w.detach(), g, cross, h32, 2 * g_vv, s32)
         p_grads = [None if x is None else x.to(p.dtype) for x, p in zip(grads[3:], pleaves)]
         return (g_h.to(h.dtype), g_s.to(s.dtype), None, *p_grads)
 
@@ -151,5 +165,5 @@ def sphere_update(h: torch.Tensor, s: torch.Tensor, angle: Callable[..., torch.T
     if torch.compiler.is_compiling() or not needs_grad:
         h32, s32 = _acc(h), _acc(s)
         a, w, theta = _coefficients(*_tangent_dots(h32, s32), angle, params)
-        return torch.addcmul(a * h32, w, s32).to(h.dtype), theta
+        return _combine(a, h32, w, s32).to(h.dtype), theta
     return _SphereStep.apply(h, s, angle, *params)

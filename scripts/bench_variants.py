@@ -4,7 +4,7 @@
     python scripts/bench_variants.py --compile       # also torch.compile'd (slow to warm up on CPU)
     python scripts/bench_variants.py --variants geonorm proj_spheret --repeats 15
 
-Time: median of forward+backward over interleaved repeats (variant, pre_ln, variant, pre_ln, ...)
+Time: median of forward+backward over interleaved repeats (variant, pre_ln, pre_ln, variant, ...)
 after warm-up, since a shared machine's speed drifts by several percent; the ratio is taken per
 pair, then the median of the ratios. Memory: bytes saved for backward, counted with
 torch.autograd.graph.saved_tensors_hooks, each storage once (a tensor saved by two ops is one
@@ -91,9 +91,10 @@ def main():
                 step(run, x, y)
                 step(ref, x, y)
             ts, tb = [], []
-            for _ in range(args.repeats):
-                ts.append(timed(lambda: step(run, x, y)))
-                tb.append(timed(lambda: step(ref, x, y)))
+            for i in range(args.repeats):  # ABBA order: neither model always runs right after the other
+                first, second = ((run, ts), (ref, tb)) if i % 2 == 0 else ((ref, tb), (run, ts))
+                for m, out in (first, second):
+                    out.append(timed(lambda: step(m, x, y)))
             ratio = statistics.median(a / b for a, b in zip(ts, tb))
             print(f"| {name} | {mode} | {ratio:.3f} | {1e3 * statistics.median(ts):.1f} | "
                   f"{1e3 * statistics.median(tb):.1f} | {mem / 2**20:.1f} | {mem / base_mem:.3f} |", flush=True)
