@@ -154,7 +154,7 @@ def plot_rms(groups: dict[str, list[runlib.Run]], out: Path, title: str) -> Path
     ax.set_yscale("log")
     ax.set_xlabel("depth j (0 = after input step, then every sublayer)")
     ax.set_ylabel("residual stream RMS")
-    ax.set_title(title + ": residual RMS by depth, end of training", fontsize=10)
+    ax.set_title(title + "\nresidual-stream RMS by depth, end of training", fontsize=10)
     ax.grid(alpha=0.3, which="both")
     if drawn:
         ax.legend(fontsize=7, ncol=2)
