@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from test_train import REPO, TINY, make_cfg, one_thread, records  # noqa: F401 (autouse fixture)
+from test_train import REPO, TINY, make_cfg, records
 from trainer import checkpoint as ck
 from trainer.loop import train
 
