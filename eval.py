@@ -18,20 +18,6 @@ import time
 from pathlib import Path
 
 
-def resolve_checkpoint(path) -> Path:
-    from trainer.checkpoint import CheckpointError, find_latest
-
-    p = Path(path)
-    if p.is_dir():
-        latest = find_latest(p)
-        if latest is None:
-            raise CheckpointError(f"no checkpoints (checkpoints/ckpt_*.pt) in {p}")
-        return latest
-    if not p.exists():
-        raise CheckpointError(f"checkpoint {p} does not exist (give a run dir or a ckpt_*.pt file)")
-    return p
-
-
 def run_dir_of(ckpt_path: Path):
     return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else None
 
@@ -100,6 +86,8 @@ def evaluate(args) -> int:
     from evaluation.config import from_args
 
     cfg = from_args(args)
+    from trainer.checkpoint import resolve_checkpoint
+
     ckpt_path = resolve_checkpoint(args.path)
     rt = runtime.setup(cfg.device, cfg.dtype)
     try:

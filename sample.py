@@ -59,12 +59,12 @@ def sample(args) -> int:
     from data import get_tokenizer
     from evaluation.runtime import setup
     from model.generate import check_generate_args, generate
-    from trainer.checkpoint import load_model
+    from trainer.checkpoint import load_model, resolve_checkpoint
 
     if args.num_samples < 1:
         raise ValueError(f"--num-samples={args.num_samples}: must be >= 1")
     prompt = Path(args.prompt_file).read_text() if args.prompt_file else args.prompt
-    ckpt_path = _resolve(args.path)
+    ckpt_path = resolve_checkpoint(args.path)
     rt = setup(args.device, args.dtype)
     model, ckpt = load_model(ckpt_path, device=rt.device)
     tok = get_tokenizer(ckpt["tokenizer"])
@@ -91,20 +91,6 @@ def sample(args) -> int:
           f"({args.num_samples * n_new / max(dt, 1e-9):.1f} tokens/s, {'no cache' if args.no_cache else 'KV cache'}, "
           f"{rt.device}; step {ckpt['step']} of {ckpt_path})", file=sys.stderr)
     return 0
-
-
-def _resolve(path) -> Path:
-    from trainer.checkpoint import CheckpointError, find_latest
-
-    p = Path(path)
-    if p.is_dir():
-        latest = find_latest(p)
-        if latest is None:
-            raise CheckpointError(f"no checkpoints (checkpoints/ckpt_*.pt) in {p}")
-        return latest
-    if not p.exists():
-        raise CheckpointError(f"checkpoint {p} does not exist (give a run dir or a ckpt_*.pt file)")
-    return p
 
 
 if __name__ == "__main__":

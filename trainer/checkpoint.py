@@ -97,16 +97,24 @@ def strip_prefixes(state_dict: dict) -> dict:
     return out
 
 
-def load_model(path_or_run_dir: Union[str, Path], device="cpu"):
-    """(model in eval mode on `device`, checkpoint dict) from a ckpt file or a run dir's newest one."""
-    from model import GPT, GPTConfig
-
+def resolve_checkpoint(path_or_run_dir: Union[str, Path]) -> Path:
+    """A checkpoint file as given, or a run dir's newest one; one-line CheckpointError otherwise."""
     p = Path(path_or_run_dir)
     if p.is_dir():
         latest = find_latest(p)
         if latest is None:
             raise CheckpointError(f"no checkpoints (checkpoints/ckpt_*.pt) in {p}")
-        p = latest
+        return latest
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} does not exist (give a run dir or a ckpt_*.pt file)")
+    return p
+
+
+def load_model(path_or_run_dir: Union[str, Path], device="cpu"):
+    """(model in eval mode on `device`, checkpoint dict) from a ckpt file or a run dir's newest one."""
+    from model import GPT, GPTConfig
+
+    p = resolve_checkpoint(path_or_run_dir)
     ckpt = load_checkpoint(p)
     model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
     try:
