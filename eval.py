@@ -73,12 +73,12 @@ def main(argv=None) -> int:
 
 
 def _is_user_error(e: Exception) -> bool:
+    from data import DataError  # ShardError is a DataError
     from evaluation.config import EvalConfigError
     from model.config import ConfigError
     from trainer.checkpoint import CheckpointError
 
-    return isinstance(e, (EvalConfigError, ConfigError, CheckpointError, FileNotFoundError)) or (
-        type(e).__name__ in ("ShardError", "DataError"))
+    return isinstance(e, (EvalConfigError, ConfigError, CheckpointError, DataError, FileNotFoundError))
 
 
 def evaluate(args) -> int:

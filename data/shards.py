@@ -12,6 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .config import DataError
+
 MAGIC = 20240520
 VERSION = 1
 HEADER_INTS = 256
@@ -20,8 +22,9 @@ TOKEN_DTYPE = np.dtype("<u2")
 MAX_VOCAB = 2 ** 16  # ids must fit uint16
 
 
-class ShardError(ValueError):
-    """A shard file that is not a valid llm.c shard (message names the file)."""
+class ShardError(DataError):
+    """A shard file that is not a valid llm.c shard (message names the file). A DataError, so every
+    entry point that reports bad data in one line reports a corrupt shard the same way."""
 
 
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> str:
