@@ -36,5 +36,12 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        from pathlib import Path
+
+        from trainer.cli_help import config_help
+
+        print(config_help(Path(__file__).resolve().parent / "configs"))
+        sys.exit(0)
     sys.argv = hydra_argv_for_rank(sys.argv, env_rank())
     _hydra_main()

@@ -5,6 +5,7 @@ Tiny models (2 layers, d=32, block 32) on the byte-tokenized pydocs corpus, prep
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -228,3 +229,98 @@ def test_sigusr1_and_sigterm_only_set_a_flag():
     finally:
         stop.uninstall()
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_run_dir_is_claimed_for_the_whole_run(tmp_path):
+    """A second run into a run dir that a live run holds is refused at once, even before the first
+    has written anything; the claim is released when the first ends."""
+    from trainer import distributed as D
+    from trainer.config import parse_run_config
+    from trainer.loop import Trainer
+
+    cfg = make_cfg(tmp_path, "train.max_steps=2")
+    first = Trainer(cfg, parse_run_config(cfg), D.init_distributed("cpu"))
+    first.setup()  # claimed, nothing trained or logged yet
+    try:
+        for extra in ([], ["train.resume=auto"], ["train.overwrite=true"]):
+            with pytest.raises(ConfigError, match=r"run dir .* is in use by another train.py \(pid \d+"):
+                train(make_cfg(tmp_path, "train.max_steps=2", *extra))
+        first.run()
+    finally:
+        first.close()
+    assert len(records(tmp_path, "summary")) == 1
+    train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto"))  # free again
+
+
+def test_stale_checkpoint_temp_files_are_removed_when_the_run_dir_is_claimed(tmp_path):
+    train(make_cfg(tmp_path, "train.max_steps=2"))
+    stale = [tmp_path / "checkpoints" / ".ckpt_00000004.pt.tmp12345", tmp_path / ".config.yaml.tmp"]
+    for p in stale:
+        p.write_bytes(b"half a file from a killed write")
+    train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto"))
+    assert not any(p.exists() for p in stale)
+
+
+def test_resume_reports_config_changes_and_guards_exactness(tmp_path, caplog):
+    train(make_cfg(tmp_path, "train.max_steps=2", "train.ckpt_interval=1"))
+    old_cfg = (tmp_path / "config.yaml").read_text()
+    # a changed seed (or data, or batch) would not continue the same data order: refused, naming the key
+    with pytest.raises(ConfigError, match=r"ckpt_00000002\.pt with train\.seed 1337 -> 7 would not continue the same data order: "
+                       r"pass train\.resume_force=true"):
+        train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto", "train.seed=7"))
+    with pytest.raises(ConfigError, match=r"with train\.batch_tokens 256 -> 512 would"):
+        train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto", "train.batch_tokens=512"))
+    assert (tmp_path / "config.yaml").read_text() == old_cfg  # a refused resume changes nothing
+    # a changed LR is allowed, and said
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto", "optim.lr=0.002"))
+    assert "changed config: optim.lr 0.001 -> 0.002" in caplog.text
+    assert "lr: 0.002" in (tmp_path / "config.yaml").read_text()
+    assert (tmp_path / "config_until_00000002.yaml").read_text() == old_cfg  # the old config kept beside
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        train(make_cfg(tmp_path, "train.max_steps=4", "train.resume=auto", "optim.lr=0.002", "train.seed=7",
+                       "train.resume_force=true"))
+    assert "train.seed 1337 -> 7" in caplog.text and "data order differs" in caplog.text
+    assert ck.load_checkpoint(ck.find_latest(tmp_path))["step"] == 4
+
+
+def test_warmup_longer_than_the_run_warns(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        train(make_cfg(tmp_path, "train.max_steps=3", "optim.warmup_steps=10"))
+    assert "optim.warmup_steps=10 >= train.max_steps=3" in caplog.text and "never reaches the peak" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        train(make_cfg(tmp_path / "ok", "train.max_steps=3", "optim.warmup_steps=2"))
+    assert "warmup" not in caplog.text
+
+
+def test_console_has_an_eta_and_an_end_of_training_summary(tmp_path, caplog):
+    with caplog.at_level("INFO", logger="nanonorm.train"):
+        train(make_cfg(tmp_path, "train.max_steps=4", "logging.console=true", "train.eval_interval=2"))
+    steps = [m for m in caplog.messages if m.startswith("step ") and "/4 |" in m]
+    assert len(steps) == 4 and all(re.search(r"\| eta \d+", m) for m in steps[:-1])
+    text = "\n".join(caplog.messages)
+    s = records(tmp_path, "summary")[0]
+    assert f"finished: 4 steps, 1,024 tokens" in text and "tok/s" in text
+    assert f"final {s['final_val_loss']:.4f} (ppl {s['final_val_ppl']:.2f}), best {s['best_val_loss']:.4f}" in text
+    assert "spikes: loss 0, grad norm 0 | skipped steps 0" in text
+    assert f"checkpoint {tmp_path / 'checkpoints' / 'ckpt_00000004.pt'}" in text
+    assert f"metrics {tmp_path / 'metrics.jsonl'}" in text and "wandb disabled" in text
+    for cmd in (f"python eval.py {tmp_path}", f"python sample.py {tmp_path}", f"python scripts/plot_curves.py {tmp_path}"):
+        assert cmd in text
+
+
+def test_resuming_a_finished_run_says_it_is_complete(tmp_path, caplog):
+    train(make_cfg(tmp_path, "train.max_steps=2"))
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        r = train(make_cfg(tmp_path, "train.max_steps=2", "train.resume=auto"))
+    assert r["steps"] == 2
+    assert "is already complete (step 2, train.max_steps=2)" in caplog.text
+    assert "pass a larger train.max_steps with train.resume=auto" in caplog.text
+
+
+def test_cuda_device_without_cuda_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^bad config train\.device='cuda': torch sees no CUDA device"):
+        train(make_cfg(tmp_path, "train.device=cuda"))

@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -89,3 +90,56 @@ def test_wandb_offline_run_has_the_logged_keys_and_keeps_its_id(tmp_path):
     for key in (b"train/loss", b"train/loss_max", b"train/lr", b"train/grad_norm", b"train/tokens_per_s",
                 b"eval/val_loss", b"eval/val_ppl", b"stats/rms/0", b"stats/grad_norm/block0", b"final_val_loss"):
         assert key in blob, key
+
+
+def _worker_pid(parent: int, rank: int) -> int:
+    """The pid of torchrun's worker of a given rank (its child with RANK=<rank> in the environment)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            env = (stat.parent / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(fields[1]) == parent and f"RANK={rank}".encode() in env:
+            return int(stat.parent.name)
+    raise AssertionError(f"no rank {rank} worker under pid {parent}")
+
+
+def test_ddp_sigterm_is_acted_on_within_two_steps(tmp_path):
+    """Only rank 1 gets SIGTERM, between log steps (log_interval 1000): every rank must stop at the same
+    step, one or two steps later, with a checkpoint; the message is printed once."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", *TINY, "train.max_steps=100000", "logging.log_interval=1000",
+                             "train.eval_interval=100000", "train.ckpt_interval=5", "train.keep_last=1000",
+                             "logging.console=true", f"out_dir={run}"],
+                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 180
+        while not ck.ckpt_path(run, 5).exists():
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.02)
+        os.kill(_worker_pid(proc.pid, 1), signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    m = re.findall(r"received at step (\d+): checkpoint saved at step (\d+)", out)
+    assert len(m) == 1, out[-3000:]  # printed once, by rank 0
+    got, saved = map(int, m[0])
+    print(f"signal at step {got}, checkpoint at step {saved}")
+    assert 5 <= got < saved <= got + 2, (got, saved)
+    assert ck.load_checkpoint(ck.find_latest(run))["step"] == saved
+    assert records(run)[-1] == {**records(run)[-1], "kind": "train", "step": saved}  # logged, then saved
+
+
+def test_train_help_lists_groups_and_documented_options():
+    p = run_cli([sys.executable, "train.py", "--help"])
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    for needle in ("model=", "tiny", "gpt_125m", "norm=", "geonorm", "data=", "fineweb_edu", "experiment=",
+                   "train.max_steps", "train.batch_tokens", "global batch in tokens", "optim.lr",
+                   "optim.schedule", "cosine | wsd | constant", "logging.log_interval", "logging.wandb.mode",
+                   "train.resume", "newest checkpoint in the run dir"):
+        assert needle in out, needle
