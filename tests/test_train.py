@@ -324,3 +324,49 @@ def test_cuda_device_without_cuda_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ConfigError, match=r"^bad config train\.device='cuda': torch sees no CUDA device"):
         train(make_cfg(tmp_path, "train.device=cuda"))
+
+
+def _prepared_copy(tmp_path):
+    """A private copy of the test corpus's prepared dir (the shared one must stay intact)."""
+    import shutil
+    from data import prepare_dataset
+
+    src = prepare_dataset(make_cfg(tmp_path / "unused").data)
+    dst = tmp_path / "data" / src.name
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock", "verified.json"))
+    return dst
+
+
+def test_bit_flipped_shard_is_caught_once_and_checks_are_recorded(tmp_path, monkeypatch):
+    from data import DataError
+    import data.verify as V
+
+    d = _prepared_copy(tmp_path)
+    root = [f"data.root={d.parent}"]
+    train(make_cfg(tmp_path / "ok", *root, "train.max_steps=1"))
+    assert (d / "verified.json").exists()
+    # a second run only stats the files: no shard is read again
+    monkeypatch.setattr(V, "_scan", lambda p: pytest.fail(f"{p} read again"))
+    train(make_cfg(tmp_path / "ok2", *root, "train.max_steps=1"))
+    monkeypatch.undo()
+    shard = d / "train_000000.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[5000] ^= 0x01  # one bit, same size: only the sha256 can tell
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"train_000000\.bin: sha256 does not match .*meta\.json"):
+        train(make_cfg(tmp_path / "flip", *root, "train.max_steps=1"))
+
+
+def test_token_ids_outside_the_vocabulary_name_the_shard(tmp_path):
+    import numpy as np
+    from data import DataError
+    from data.shards import write_shard
+
+    src = tmp_path / "llmc"
+    src.mkdir()
+    write_shard(src / "x_train_000000.bin", np.arange(4000, dtype=np.uint16) % 257)
+    write_shard(src / "x_val_000000.bin", np.where(np.arange(2000) == 1500, 300, 7).astype(np.uint16))
+    data = ["data=local", "data.source=shards", f"data.path={src}", "data.name=llmc", "data.tokenizer=bytes",
+            f"data.root={tmp_path / 'cache'}"]
+    with pytest.raises(DataError, match=r"x_val_000000\.bin: token id 300 is outside the vocabulary of bytes \(257 ids\)"):
+        train(make_cfg(tmp_path / "run", *data, "train.max_steps=1"))

@@ -98,6 +98,9 @@ class Trainer:
         # Data: rank 0 prepares (downloads/tokenizes) first; the others then find it ready.
         if d.is_main:
             self.data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
+            # sha256 and token ids of every shard, read once per data dir (recorded), before any rank uses them
+            tok_name = json.loads((self.data_dir / "meta.json").read_text())["tokenizer"]
+            data_mod.check_data_dir(self.data_dir, data_mod.get_tokenizer(tok_name).vocab_size, tokenizer=tok_name)
         D.barrier()
         if not d.is_main:
             self.data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
