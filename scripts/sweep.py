@@ -1,7 +1,7 @@
 """Run a grid of training runs: variants x seeds x any other override, one train.py job per point.
 
     python scripts/sweep.py --experiment geonorm_125m_books3_512 --nproc 8           # local, in turn
-    python scripts/sweep.py --experiment cpu_study_a --seeds 0,1 --dry-run           # print commands
+    python scripts/sweep.py --experiment cpu_study --seeds 0,1 --dry-run             # print commands
     python scripts/sweep.py --name lr_scan --grid norm=pre_ln,geonorm optim.lr=3e-4,6e-4,1e-3 \
         -- model=tiny train.max_steps=200                                            # fixed overrides after --
     python scripts/sweep.py --experiment spheret_fineweb_edu_24l --nproc 8 --slurm [--submit]
