@@ -331,9 +331,9 @@ def test_readme_adopt_shards_command_works_and_reruns(tmp_path):
 
 
 def test_prepare_runs_as_a_script_too(tmp_path):
-    f = write_jsonl(tmp_path / "c.jsonl", DOCS[:30])
+    f = write_jsonl(tmp_path / "c.jsonl", DOCS * 2)
     r = run_prepare("data=local", "data.name=s", "data.tokenizer=bytes", f"data.files={f}", f"data.root={tmp_path}",
-                    "data.num_workers=1", "data.val_fraction=0.2", "data.val_min_tokens=0", script=True)
+                    "data.num_workers=1", "data.val_fraction=0.2", script=True)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "s-bytes/train:" in r.stdout and (tmp_path / "s-bytes" / "meta.json").exists()
     assert run_prepare("--help", script=True).returncode == 0
@@ -392,9 +392,9 @@ def test_unreadable_files_are_one_line_and_leave_no_directory(tmp_path, name, co
 
 
 def test_verify_ends_with_a_line_that_every_sha256_matched(tmp_path):
-    f = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    f = write_jsonl(tmp_path / "c.jsonl", DOCS * 2)
     args = ["data=local", "data.name=v", "data.tokenizer=bytes", f"data.files={f}", f"data.root={tmp_path}",
-            "data.num_workers=1", "data.val_fraction=0.2", "data.val_min_tokens=0", "data.shard_size=3000"]
+            "data.num_workers=1", "data.val_fraction=0.2", "data.shard_size=3000"]
     assert run_prepare(*args).returncode == 0
     r = run_prepare(*args, "--verify")
     n = sum(len(s["shards"]) for s in json.loads((tmp_path / "v-bytes" / "meta.json").read_text())["splits"].values())
