@@ -380,7 +380,7 @@ def test_held_out_val_split_is_topped_up_to_a_usable_size(tmp_path):
     ("empty.jsonl", b"", "no records (an empty file?)"),
     ("bin.jsonl", bytes(range(256)) * 8, "ArrowInvalid"),
     ("bin.txt", bytes(range(128, 256)) * 8, "UnicodeDecodeError"),
-])
+], ids=["empty.jsonl", "bin.jsonl", "bin.txt"])
 def test_unreadable_files_are_one_line_and_leave_no_directory(tmp_path, name, content, needle):
     (tmp_path / name).write_bytes(content)
     r = run_prepare("data=local", "data.name=bad", "data.tokenizer=bytes", f"data.files={tmp_path / name}",

@@ -128,7 +128,6 @@ def test_ddp_sigterm_is_acted_on_within_two_steps(tmp_path):
     m = re.findall(r"received at step (\d+): checkpoint saved at step (\d+)", out)
     assert len(m) == 1, out[-3000:]  # printed once, by rank 0
     got, saved = map(int, m[0])
-    print(f"signal at step {got}, checkpoint at step {saved}")
     assert 5 <= got < saved <= got + 2, (got, saved)
     assert ck.load_checkpoint(ck.find_latest(run))["step"] == saved
     assert records(run)[-1] == {**records(run)[-1], "kind": "train", "step": saved}  # logged, then saved
@@ -143,3 +142,39 @@ def test_train_help_lists_groups_and_documented_options():
                    "optim.schedule", "cosine | wsd | constant", "logging.log_interval", "logging.wandb.mode",
                    "train.resume", "newest checkpoint in the run dir"):
         assert needle in out, needle
+
+
+def test_two_runs_started_together_into_one_run_dir(tmp_path):
+    """Started in the same instant, before either has written anything: one runs, the other is refused
+    at once in one line; the run dir then holds the one run."""
+    cmd = [sys.executable, "train.py", *TINY, "train.max_steps=100000", f"out_dir={tmp_path}"]
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        deadline = time.time() + 180
+        while all(p.poll() is None for p in procs):
+            assert time.time() < deadline, "neither run was refused"
+            time.sleep(0.1)
+        loser = next(p for p in procs if p.poll() is not None)
+        winner = next(p for p in procs if p is not loser)
+        _, err = loser.communicate()
+        assert loser.returncode == 2 and winner.poll() is None, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith(f"error: run dir {tmp_path} is in use by another train.py "
+                                                       f"(pid {winner.pid} holds")
+        winner.send_signal(signal.SIGTERM)
+        winner.communicate(timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert winner.returncode == 0
+    step = ck.load_checkpoint(ck.find_latest(tmp_path))["step"]
+    assert [r["step"] for r in records(tmp_path, "eval")] == [0]  # one run's records only
+    assert records(tmp_path, "train")[-1]["step"] == step
+
+
+def test_divergence_is_reported_once(tmp_path):
+    p = run_cli([sys.executable, "train.py", *TINY, "train.max_steps=50", "train.inject_nan_at=2",
+                 "train.inject_nan_steps=100", "train.max_skipped=3", f"out_dir={tmp_path}"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (p.stdout + p.stderr).count("consecutive non-finite steps were skipped") == 1

@@ -335,7 +335,8 @@ class Trainer:
                     result["diverged"] = True
                     msg = (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped "
                            f"(train.max_skipped={t.max_skipped}); the run has diverged")
-                    log.error(msg)
+                    if self.d.is_main:  # every rank stops with the same message: say it once
+                        log.error(msg)
                     result["message"] = msg
                     self.evaluate()
                     result["checkpoint"] = str(self.save())
