@@ -67,6 +67,7 @@ class Trainer:
         self.sinks: list[Sink] = []
         self.stop = ck.StopSignal()
         self.signal_step: Optional[int] = None
+        self.config_changed = False  # a resume with keys that differ from the checkpoint's config
         self._flag_work = None
         self._was_deterministic = torch.are_deterministic_algorithms_enabled()
         self._was_threads = torch.get_num_threads()
@@ -258,9 +259,13 @@ class Trainer:
         before = _flatten(saved)
         changed = [k for k in sorted(set(now) | set(before))
                    if now.get(k) != before.get(k) and k not in self.RESUME_KEYS]
+        self.config_changed = bool(changed)
         if not changed:
             return
-        show = lambda keys: ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in keys)
+
+        def show(keys):
+            return ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in keys)
+
         breaking = [k for k in changed if k in self.EXACTNESS_KEYS]
         if breaking and not self.t.resume_force:
             raise ConfigError(f"resuming {path} with {show(breaking)} would not continue the same data order: "
@@ -275,7 +280,7 @@ class Trainer:
         resolved = OmegaConf.to_container(self.cfg, resolve=True)
         text = OmegaConf.to_yaml(OmegaConf.create(resolved))
         cfg_path = self.run_dir / "config.yaml"
-        if resume_path is not None and cfg_path.is_file() and cfg_path.read_text() != text:
+        if self.config_changed and cfg_path.is_file():
             # The config the steps so far ran with stays beside the new one.
             kept = self.run_dir / f"config_until_{self.step:08d}.yaml"
             if not kept.exists():
@@ -559,7 +564,10 @@ class Trainer:
         """The end of a run on the console: the numbers, where everything is, what to run next."""
         wall = time.perf_counter() - self._wall0
         tps = (self.step - self._step0) * self.t.batch_tokens / max(wall, 1e-9)
-        val = lambda v: "n/a" if v is None else f"{v:.4f} (ppl {math.exp(v):.2f})" if v < 700 else f"{v:.4f}"
+
+        def val(v):
+            return "n/a" if v is None else f"{v:.4f} (ppl {math.exp(v):.2f})" if v < 700 else f"{v:.4f}"
+
         rd = self.run_dir
         wandb = next((s for s in self.sinks if isinstance(s, WandbSink)), None)
         lines = [
