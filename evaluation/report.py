@@ -30,7 +30,10 @@ def merge_results(path, new: dict) -> dict:
            "failed_tasks": new.get("failed_tasks") or {}, "time_s": new.get("time_s")}
     path = Path(path)
     old = json.loads(path.read_text()) if path.is_file() else None
-    if not old or (old.get("checkpoint"), old.get("step")) != (new["checkpoint"], new["step"]):
+    def same(p):  # the same checkpoint: same file, step and training run (however the path was given)
+        return (str(Path(p["checkpoint"]).resolve()), p["step"], p.get("wandb_run_id"))
+
+    if not old or same(old) != same(new):
         return {**new, "runs": [run]}
     earlier = old.get("runs") or [{"eval_config": old.get("eval_config"), "perplexity": old.get("perplexity"),
                                    "tasks": sorted(old.get("tasks") or {}), "failed_tasks": old.get("failed_tasks") or {}}]
