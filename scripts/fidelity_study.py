@@ -41,9 +41,10 @@ PARTS = ["a", "b", "c", "d", "e", "ablate"]
 KEY_LR, KEY_MULT = "optim.lr", "optim.groups.scalars.lr_mult"
 
 
-def experiment_points(name: str) -> dict:
+def experiment_points(name: str, keep: list[str] | None = None) -> dict:
     with open(REPO / "configs" / "experiment" / f"{name}.yaml") as f:
-        return yaml.safe_load(f)["experiment_meta"]["points"]
+        points = yaml.safe_load(f)["experiment_meta"]["points"]
+    return {k: v for k, v in points.items() if not keep or k in keep}
 
 
 def sweep(args, name: str, *extra: str) -> None:
@@ -108,12 +109,13 @@ def fmt(v: float) -> str:
 
 
 def run_part(args, part: str) -> None:
-    points = experiment_points("fidelity")
+    points = experiment_points("fidelity", args.labels)
     if part == "a":
+        only = ["--only", ",".join(f"{lbl}-lr-{lr}" for lbl in points for lr in LR_GRID)]
         sweep(args, "fidelity_a", "--experiment", "fidelity", "--grid", f"{KEY_LR}={','.join(LR_GRID)}",
-              "--seeds", SEEDS_A)
+              "--seeds", SEEDS_A, *only)
         best = best_lr(args)
-        labels = [r.label for b in best.values() for r in b["runs"]]
+        labels = [r.label for lbl, b in best.items() if lbl in points for r in b["runs"]]
         sweep(args, "fidelity_a", "--experiment", "fidelity", "--grid", f"{KEY_LR}={','.join(LR_GRID)}",
               "--seeds", "1,2", "--only", ",".join(labels))
     elif part == "b":
@@ -125,7 +127,7 @@ def run_part(args, part: str) -> None:
     elif part == "c":
         best = best_setting(args)
         pts = {lbl: {**points[lbl], KEY_LR: best[lbl]["lr"], KEY_MULT: best[lbl]["lr_mult"],
-                     "train.max_steps": HORIZON_STEPS, "train.eval_interval": 100} for lbl in HORIZON}
+                     "train.max_steps": HORIZON_STEPS, "train.eval_interval": 100} for lbl in HORIZON if lbl in points}
         sweep(args, "fidelity_c", "--experiment", "fidelity", "--points", write_points(pts), "--seeds", SEEDS_C)
     elif part == "d":
         best = best_setting(args)
@@ -146,7 +148,8 @@ def run_part(args, part: str) -> None:
         }
         sweep(args, "fidelity_d", "--experiment", "fidelity", "--points", write_points(pts), "--seeds", SEEDS_D)
     elif part == "e":
-        sweep(args, "fidelity_e", "--experiment", "fidelity_depth")
+        depth = experiment_points("fidelity_depth", args.labels)
+        sweep(args, "fidelity_e", "--experiment", "fidelity_depth", "--only", ",".join(depth))
     elif part == "ablate":
         targets = [r for b in best_lr(args).values() for r in b["runs"] if str(r.seed) == "0"]
         targets += [r for r in load(args, "e") if r.base in ("pre_ln", "peri_ln")]
@@ -170,8 +173,12 @@ def main(argv=None) -> int:
     ap.add_argument("--runs-root", default="runs")
     ap.add_argument("--docs", default="docs", help="where report writes docs/fidelity/*")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every run (after --)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--labels", help="comma list: only these points of the experiments (a quick partial study)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # Hydra overrides for every run follow `--`
+    args = ap.parse_args(argv[:cut])
+    args.overrides = argv[cut + 1:]
+    args.labels = args.labels.split(",") if args.labels else None
     if args.action == "run":
         if args.part not in PARTS:
             raise SystemExit(f"run needs a part: one of {', '.join(PARTS)}")
@@ -181,6 +188,7 @@ def main(argv=None) -> int:
         return 0
     if args.action == "all":
         base = [sys.executable, __file__, "--runs-root", args.runs_root, "--docs", args.docs, "--jobs", str(args.jobs)]
+        base += ["--labels", ",".join(args.labels)] if args.labels else []
         for part in PARTS:  # one process per part: each reads the finished runs of the parts before it
             rc = subprocess.run(base + ["run", part, "--", *args.overrides], check=False).returncode
             if rc != 0:

@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", help="sweep name (run dir and wandb group; default: the experiment name)")
     ap.add_argument("--grid", nargs="+", default=[], metavar="KEY=V1,V2",
                     help="grid axes; norm=... and train.seed=... replace the experiment's variants/seeds")
+    ap.add_argument("--tune-lr", action="store_true",
+                    help="add an optim.lr axis with the experiment's recommended experiment_meta.lr_grid")
     ap.add_argument("--seeds", help="comma list, replaces experiment_meta.seeds")
     ap.add_argument("--variants", help="comma list of norm names, replaces the experiment's variants/points")
     ap.add_argument("--points", help="YAML file label -> {key: value}: replaces the experiment's points")
@@ -283,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     for key, why in (meta.get("requires") or {}).items():
         if key not in given:
             raise SystemExit(f"experiment {args.experiment} needs {key}: {why}")
+    if args.tune_lr:
+        if not meta.get("lr_grid"):
+            raise SystemExit(f"--tune-lr: experiment {args.experiment!r} has no experiment_meta.lr_grid; "
+                             "give the values with --grid optim.lr=v1,v2,...")
+        args.grid = list(args.grid) + ["optim.lr=" + ",".join(fmt_value(v) for v in meta["lr_grid"])]
     points = build_points(meta, args.grid, args.seeds, args.variants, args.points)
     if args.only:
         keep = set(split_values(args.only))

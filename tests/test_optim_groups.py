@@ -200,3 +200,31 @@ def test_switches_through_hydra(tmp_path):
     assert r["steps"] == 2
     mc = ck.load_checkpoint(ck.find_latest(tmp_path / "r"))["model_config"]
     assert (mc["tie_embeddings"], mc["learn_radius"], mc["decay_index"], mc["alpha_init"]) == (False, False, "sublayer", 0.5)
+
+
+def test_layer_ablation_script(tmp_path):
+    """scripts/layer_ablation.py: base loss = the trainer's final validation loss on the same budget;
+    a block whose residual projections are zero (a Pre-LN block that adds nothing) costs nothing to skip."""
+    import importlib.util
+    import json
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("layer_ablation", Path(__file__).parents[1] / "scripts" / "layer_ablation.py")
+    la = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(la)
+    run = tmp_path / "r"
+    train(make_cfg(run, "train.max_steps=3"))
+    final = records(run, "summary")[0]["final_val_loss"]
+    res = la.ablate(run, tokens=512)
+    assert res["base_loss"] == pytest.approx(final, abs=1e-5)
+    assert len(res["increase"]) == 2 and all(abs(x) > 1e-4 for x in res["increase"])
+    path = ck.find_latest(run)
+    state = torch.load(path, weights_only=False)
+    for k in list(state["model"]):
+        if k.startswith("blocks.1.") and ".c_proj." in k:
+            state["model"][k].zero_()
+    torch.save(state, path)
+    res = la.ablate(run, tokens=512)
+    assert abs(res["increase"][1]) < 1e-6 and abs(res["increase"][0]) > 1e-4
+    assert la.main([str(run), "--tokens", "512"]) == 0
+    assert json.loads((run / "layer_ablation.json").read_text())["norm"] == "pre_ln"
+    assert (run / "layer_ablation.png").stat().st_size > 0
