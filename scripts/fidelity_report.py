@@ -42,10 +42,11 @@ def load_part(root: Path, part: str) -> list[runlib.Run]:
 
 
 def by(runs, key) -> dict:
+    """Runs grouped by key(run), groups in the variant registry's order, seeds in order."""
     out: dict = {}
     for r in runs:
         out.setdefault(key(r), []).append(r)
-    return out
+    return {k: sorted(out[k], key=lambda r: str(r.seed)) for k in runlib.sort_labels(out)}
 
 
 def ok_losses(runs) -> list[float]:
@@ -70,8 +71,16 @@ def cell(run) -> str:
 
 
 def wall(runs) -> float:
-    """Sum of the runs' training wall time (s), from their summaries."""
-    return sum(float((r.summary or {}).get("wall_time_s") or 0.0) for r in runs)
+    """Sum of the runs' wall times (s): the summary's when it has one, else from the run dir's file
+    times (config.yaml written at start, metrics.jsonl's last line at the end)."""
+    total = 0.0
+    for r in runs:
+        w = (r.summary or {}).get("wall_time_s")
+        if w is None:
+            start, end = r.path / "config.yaml", r.path / "metrics.jsonl"
+            w = end.stat().st_mtime - start.stat().st_mtime if start.is_file() and end.is_file() else 0.0
+        total += float(w)
+    return total
 
 
 def tokens(run) -> int:
@@ -88,12 +97,15 @@ def part_a(runs, out: Path) -> list[str]:
     groups = by(runs, lambda r: r.base)
     best = runlib.best_over(groups, KEY_LR)
     lrs = sorted({float(runlib.get_key(r.config, KEY_LR)) for r in runs})
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label, rs in groups.items():
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    shown: list[float] = []
+    for i, (label, rs) in enumerate(groups.items()):
         seed0 = {float(runlib.get_key(r.config, KEY_LR)): r for r in rs if str(r.seed) == "0"}
         xs = [lr for lr in lrs if lr in seed0 and seed0[lr].finished]
         ys = [seed0[lr].final_val_loss if not seed0[lr].failed else math.nan for lr in xs]
-        ax.plot(xs, ys, "o-", label=label, color=variant_colour(label), ms=4)
+        shown += [y for y in ys if math.isfinite(y)]
+        ax.plot(xs, ys, marker="osD^v<>"[i % 7], ls="--" if "spheret" in label or "geonorm" in label else "-",
+                label=label, color=variant_colour(label), ms=4)
         b = best[label]
         losses = ok_losses(b["runs"])
         if len(losses) > 1:
@@ -102,9 +114,8 @@ def part_a(runs, out: Path) -> list[str]:
     ax.set_xscale("log")
     ax.set_xlabel("peak learning rate")
     ax.set_ylabel("final validation loss (nats)")
-    top = [statistics.fmean(ok_losses(b["runs"])) for b in best.values() if ok_losses(b["runs"])]
-    if top:
-        ax.set_ylim(min(top) - 0.05, min(max(top) + 0.6, min(top) + 1.5))
+    if shown:
+        ax.set_ylim(min(shown) - 0.05, min(max(shown) + 0.05, min(shown) + 1.5))
     ax.set_title("(a) lr sensitivity: 4 x 128, 819k tokens/run, seed 0 (bars: 3 seeds at best lr)", fontsize=9)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
@@ -263,8 +274,9 @@ def part_c(runs, out: Path) -> list[str]:
 
 def part_d(runs, out: Path) -> list[str]:
     groups = by(runs, lambda r: r.base)
+    groups = {k: groups[k] for k in sorted(groups, key=lambda l: (l.split("-")[0], "-" in l, l))}
     lines = ["### (d) Choice ablations at the best setting (seeds 0, 1)", "",
-             "| variant / change | final val loss | Δ vs its baseline | |Δ| > seed spread? |", "|---|---|---|---|"]
+             "| variant / change | final val loss | Δ vs its baseline | Δ beyond the seed spread? |", "|---|---|---|---|"]
     for lbl, rs in groups.items():
         base_lbl = lbl.split("-")[0]
         base = ok_losses(groups.get(base_lbl, []))
@@ -370,6 +382,11 @@ def report(root: Path, docs: Path) -> None:
             abl.append((prefix + r.base, json.loads(p.read_text())))
     if abl:
         lines += part_ablate(abl, out)
+    times = root / "fidelity_times.json"
+    if times.is_file():
+        t = json.loads(times.read_text())
+        lines += ["### Wall time per part (two runs at a time, one thread each; summed over resumed sessions)", "",
+                  "| part | wall time |", "|---|---|"] + [f"| {k} | {v / 60:.0f} min |" for k, v in t.items()] + [""]
     missing = [name for name, runs in zip("abcde", (a, b, c, d, e)) if not runs]
     if missing:
         lines += [f"Parts not run yet: {', '.join(missing)}.", ""]

@@ -19,6 +19,7 @@ after the parts before it.
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import subprocess
 import sys
@@ -166,6 +167,16 @@ def run_part(args, part: str) -> None:
         raise SystemExit(f"unknown part {part!r}: valid parts are {', '.join(PARTS)}")
 
 
+def record_time(root: Path, part: str, seconds: float) -> None:
+    path = root / "fidelity_times.json"
+    times = json.loads(path.read_text()) if path.is_file() else {}
+    times[part] = times.get(part, 0.0) + seconds
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(times, indent=1) + "\n")
+    tmp.replace(path)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=["all", "run", "report"])
@@ -183,7 +194,10 @@ def main(argv=None) -> int:
         if args.part not in PARTS:
             raise SystemExit(f"run needs a part: one of {', '.join(PARTS)}")
         t0 = time.time()
-        run_part(args, args.part)
+        try:
+            run_part(args, args.part)
+        finally:  # wall time per part, added up over resumed invocations (the report prints it)
+            record_time(Path(args.runs_root), args.part, time.time() - t0)
         print(f"### part {args.part}: {time.time() - t0:.0f} s wall", flush=True)
         return 0
     if args.action == "all":
