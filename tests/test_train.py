@@ -175,7 +175,7 @@ def test_lr_schedules_and_weight_decay_groups():
 
 @pytest.mark.parametrize("override, match", [
     ("train.precision=fp8", r"train\.precision='fp8'.*bf16, fp16, fp32"),
-    ("optim.schedule=linear", r"optim\.schedule='linear'.*cosine, wsd, constant"),
+    ("optim.schedule=linear", r"unknown optim\.schedule='linear': valid are cosine, wsd, constant"),
     ("train.batch_tokens=300", r"train\.batch_tokens=300.*multiple of .* = 4 \* 32 \* 1 = 128"),
     ("logging.wandb.mode=sometimes", r"logging\.wandb\.mode"),
     ("train.max_steps=0", r"train\.max_steps=0: must be a positive integer"),
