@@ -1,17 +1,30 @@
-"""Normalization layers: LayerNorm, RMSNorm (the spec's `Norm`), DyT, ScaleNorm, and input steps."""
+"""Normalization layers: LayerNorm, RMSNorm (the variants' `Norm`), DyT, ScaleNorm, and input steps.
+
+`norm.kind` picks the Norm from NORM_KINDS and `norm.embed_norm` the input step from INPUT_STEPS;
+each is a registry, so a new kind is one function under its decorator.
+"""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import GPTConfig
+from common import Registry
+
+if TYPE_CHECKING:  # type hints only: the config imports this module, not the other way round
+    from .config import GPTConfig
+
+NORM_KINDS = Registry("norm.kind")
+INPUT_STEPS = Registry("norm.embed_norm")
 
 
 class LayerNorm(nn.Module):
     """LayerNorm with learnable gain and optional bias (nanoGPT's `bias` switch)."""
+
+    optim_groups = {"weight": "vectors", "bias": "vectors"}  # see GPT.parameter_groups
 
     def __init__(self, dim: int, eps: float, bias: bool = True):
         super().__init__()
@@ -26,6 +39,8 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
     """RMSNorm with learnable gain, no bias."""
 
+    optim_groups = {"weight": "vectors"}
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -38,6 +53,8 @@ class RMSNorm(nn.Module):
 class DyT(nn.Module):
     """Dynamic Tanh (Zhu et al., arXiv 2503.10622): gamma * tanh(alpha * x) + beta; alpha a learnable scalar."""
 
+    optim_groups = {"alpha": "scalars", "weight": "vectors", "bias": "vectors"}
+
     def __init__(self, dim: int, alpha_init: float):
         super().__init__()
         self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
@@ -49,15 +66,21 @@ class DyT(nn.Module):
 
 
 class ScaleNorm(nn.Module):
-    """Modified ScaleNorm (SpheretNorm's input step): g * sqrt(d) * e / ||e||, learnable scalar g (init 1).
+    """Modified ScaleNorm (SpheretNorm's input step): g * sqrt(d) * e / ||e||, scalar g (init 1).
 
     Puts every token on the sphere of radius sqrt(d), where the sphere-family updates keep it.
+    `learnable=False` (`norm.learn_radius=false`) fixes g = 1: every token then has norm sqrt(d) exactly.
     """
 
-    def __init__(self, dim: int):
+    optim_groups = {"g": "scalars"}
+
+    def __init__(self, dim: int, learnable: bool = True):
         super().__init__()
         self.radius = math.sqrt(dim)
-        self.g = nn.Parameter(torch.tensor(1.0))
+        if learnable:
+            self.g = nn.Parameter(torch.tensor(1.0))
+        else:
+            self.register_buffer("g", torch.tensor(1.0))
 
     def forward(self, x):
         x32 = x.float()
@@ -65,17 +88,35 @@ class ScaleNorm(nn.Module):
         return (self.g * self.radius * x32 / n).to(x.dtype)
 
 
-def make_norm(cfg: GPTConfig) -> nn.Module:
-    """The spec's `Norm`: `norm.kind` decides, every instance has its own parameters."""
-    if cfg.norm_kind == "rmsnorm":
-        return RMSNorm(cfg.n_embd, cfg.norm_eps)
+@NORM_KINDS.register("layernorm")
+def _layernorm(cfg: "GPTConfig") -> nn.Module:
     return LayerNorm(cfg.n_embd, cfg.norm_eps, bias=cfg.bias)
 
 
-def make_input_step(cfg: GPTConfig) -> nn.Module:
-    """`norm.embed_norm`: none (h = e), layer (h = Norm(e), Peri-LN), scalenorm (SpheretNorm)."""
-    if cfg.embed_norm == "layer":
-        return make_norm(cfg)
-    if cfg.embed_norm == "scalenorm":
-        return ScaleNorm(cfg.n_embd)
-    return nn.Identity()
+@NORM_KINDS.register("rmsnorm")
+def _rmsnorm(cfg: "GPTConfig") -> nn.Module:
+    return RMSNorm(cfg.n_embd, cfg.norm_eps)
+
+
+def make_norm(cfg: "GPTConfig") -> nn.Module:
+    """The variants' `Norm` (`norm.kind`); every instance has its own parameters."""
+    return NORM_KINDS[cfg.norm_kind](cfg)
+
+
+@INPUT_STEPS.register("none")
+def _no_input_step(cfg: "GPTConfig") -> nn.Module:
+    return nn.Identity()                                            # h = e
+
+
+@INPUT_STEPS.register("layer")
+def _norm_input_step(cfg: "GPTConfig") -> nn.Module:
+    return make_norm(cfg)                                           # h = Norm(e): Peri-LN
+
+
+@INPUT_STEPS.register("scalenorm")
+def _scalenorm_input_step(cfg: "GPTConfig") -> nn.Module:
+    return ScaleNorm(cfg.n_embd, learnable=cfg.learn_radius)       # h = g sqrt(d) e/||e||: SpheretNorm
+
+
+def make_input_step(cfg: "GPTConfig") -> nn.Module:
+    return INPUT_STEPS[cfg.embed_norm](cfg)

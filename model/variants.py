@@ -6,50 +6,33 @@ A variant is three parts (../shared/spec/variants.md):
   3. output step `output_step(cfg)`: what happens to h before the LM head.
 One instance of the class is made per sublayer (index j = 0..2N-1, block k = j//2 + 1), so each
 sublayer owns its norms and scalars. Defaults that differ per variant (decay, input and output step)
-are class attributes that GPTConfig reads when the user leaves them unset.
+are class attributes that GPTConfig reads when the user leaves them unset (the config imports this
+module; this module uses GPTConfig for type hints only).
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Optional, Type
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Type
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ConfigError, GPTConfig
+from common import Registry
+
+from .decay import decay_factor
 from .norms import DyT, make_input_step, make_norm
 from .sphere import spheret_angle, sphere_update
 
-VARIANTS: Dict[str, Type["Variant"]] = {}
+if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
+    from .config import GPTConfig
 
-
-def register(name: str):
-    def deco(cls):
-        cls.name = name
-        VARIANTS[name] = cls
-        return cls
-    return deco
+VARIANTS = Registry("norm.name")   # name -> Variant class; `@register("name")` adds one
+register = VARIANTS.register
 
 
 def get_variant(name: str) -> Type["Variant"]:
-    if name not in VARIANTS:
-        raise ConfigError(f"unknown norm.name={name!r}: valid variants are {', '.join(VARIANTS)}")
-    return VARIANTS[name]
-
-
-def decay_factor(schedule: str, k: int, n_layer: int) -> float:
-    """Layer-wise decay lambda_k for block k (1-based): none 1, harmonic 1/k, sqrt 1/sqrt(k),
-    linear (N - k + 1)/N. Attention and MLP of block k share it (GeoNorm paper, Eq. 5)."""
-    if schedule == "none":
-        return 1.0
-    if schedule == "harmonic":
-        return 1.0 / k
-    if schedule == "sqrt":
-        return 1.0 / math.sqrt(k)
-    if schedule == "linear":
-        return (n_layer - k + 1) / n_layer
-    raise ConfigError(f"unknown norm.decay={schedule!r}: valid are none, harmonic, sqrt, linear")
+    return VARIANTS[name]  # an unknown name raises ConfigError listing the valid ones
 
 
 Sublayer = Callable[[torch.Tensor], torch.Tensor]
@@ -64,7 +47,7 @@ class Variant(nn.Module):
     default_final_norm = True
     fixed_p: Optional[float] = None  # set by variants that are one member of the p-family
 
-    def __init__(self, cfg: GPTConfig, j: int):
+    def __init__(self, cfg: "GPTConfig", j: int):
         super().__init__()
         self.j, self.k, self.n_layer = j, j // 2 + 1, cfg.n_layer
         self.is_attn = j % 2 == 0
@@ -73,11 +56,11 @@ class Variant(nn.Module):
         raise NotImplementedError
 
     @classmethod
-    def input_step(cls, cfg: GPTConfig) -> nn.Module:
+    def input_step(cls, cfg: "GPTConfig") -> nn.Module:
         return make_input_step(cfg)
 
     @classmethod
-    def output_step(cls, cfg: GPTConfig) -> nn.Module:
+    def output_step(cls, cfg: "GPTConfig") -> nn.Module:
         return make_norm(cfg) if cfg.final_norm else nn.Identity()
 
     @classmethod
@@ -216,7 +199,10 @@ class _SphereVariant(Variant):
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
-        self.lam = decay_factor(cfg.decay, self.k, cfg.n_layer)
+        # lambda indexed by block k of N (default, attention and MLP of a block share it) or by
+        # sublayer j+1 of 2N (`norm.decay_index=sublayer`): the papers do not say which [choice].
+        idx, n = (self.k, cfg.n_layer) if cfg.decay_index == "block" else (j + 1, 2 * cfg.n_layer)
+        self.lam = decay_factor(cfg.decay, idx, n)
         self.track = False                       # the monitor turns this on at stats steps
         self.last_theta: Optional[torch.Tensor] = None
 
@@ -239,14 +225,15 @@ class GeoNorm(_SphereVariant):
     """GeoNorm (Zheng et al., arXiv 2601.22095, Eq. 3-5 and Appendix D): h = e [choice];
     v = s - (<s,h>/||h||^2) h;  theta0 = min(c, ||v||/||h||);  theta = min(c, (a*theta0 + b)*lambda_k);
     h <- cos(theta) h + sin(theta) ||h|| v/||v||;  output Norm(h) [choice].
-    a (init 1) and b (init 0) are learnable float scalars per sublayer; lambda_k from `norm.decay`."""
+    a (init `norm.a_init`, 1) and b (init 0) are learnable float scalars per sublayer; lambda_k from `norm.decay`."""
 
     default_decay = "harmonic"
+    optim_groups = {"a": "scalars", "b": "scalars"}
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         self.clamp = cfg.geonorm_clamp
-        self.a = nn.Parameter(torch.tensor(1.0))
+        self.a = nn.Parameter(torch.tensor(float(cfg.a_init)))
         self.b = nn.Parameter(torch.tensor(0.0))
 
     def angle_params(self):
@@ -266,16 +253,17 @@ class SpheretNorm(_SphereVariant):
     input step ScaleNorm h = g sqrt(d) e/||e||;  z = s - (<s,h>/||h||^2) h;
     beta = alpha_k lambda_k ||z||/||h||;  theta = p atan(beta/p) (theta = beta for p = inf);
     h <- cos(theta) h + sin(theta) ||h|| z/||z||;  output Norm(h) [choice].
-    alpha_k = softplus(rho) per sublayer, initialised to 1; lambda_k = 1/sqrt(k) by default."""
+    alpha_k = softplus(rho) per sublayer, initialised to `norm.alpha_init` (1); lambda_k = 1/sqrt(k) by default."""
 
     default_decay = "sqrt"
     default_embed_norm = "scalenorm"
-    _RHO_INIT = math.log(math.e - 1.0)  # softplus(rho) = 1
+    optim_groups = {"rho": "scalars"}
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         self.p = cfg.p
-        self.rho = nn.Parameter(torch.tensor(self._RHO_INIT))
+        rho0 = math.log(math.expm1(cfg.alpha_init))  # inverse softplus: softplus(rho0) = alpha_init
+        self.rho = nn.Parameter(torch.tensor(rho0))
 
     def angle_params(self):
         return (self.rho,)

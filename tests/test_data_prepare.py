@@ -218,19 +218,19 @@ def test_errors_are_one_line(tmp_path, monkeypatch):
     (tmp_path / "a.csv").write_text("x")
     err(cfg(tmp_path, name="c", files=[str(tmp_path / "a.csv")]), r"data.files: unsupported file type '.csv'")
     err(cfg(tmp_path, bogus=1), r"data.bogus is not a data config key; valid: ")
-    err(cfg(tmp_path, source="web"), r"data.source='web': valid: pydocs, hf, local")
+    err(cfg(tmp_path, source="web"), r"unknown data.source='web': valid are pydocs, hf, local, shards")
     err(cfg(tmp_path, files=None), r"data.files=None: source=local needs data.files")
-    err(cfg(tmp_path, tokenizer="gpt5", files=[str(wrong)]), r"data.tokenizer='gpt5' is not a tokenizer")
+    err(cfg(tmp_path, tokenizer="gpt5", files=[str(wrong)]), r"unknown data.tokenizer='gpt5'")
 
     class Huge(Tokenizer):
         name, eot, vocab_size = "huge", 69999, 70000
 
     import data.tokenizer as T
-    monkeypatch.setitem(T.TOKENIZERS, "huge", Huge)
-    T.get_tokenizer.cache_clear()
+    T.register_tokenizer("huge", Huge)
     try:
         err(cfg(tmp_path, tokenizer="huge", files=[str(wrong)]), r"has 70000 ids, more than the uint16 shards hold")
     finally:
+        T.TOKENIZERS.unregister("huge")
         T.get_tokenizer.cache_clear()
 
 

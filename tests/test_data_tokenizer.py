@@ -84,6 +84,6 @@ def test_bytes_tokenizer():
 
 
 def test_unknown_tokenizer_is_one_line_error():
-    with pytest.raises(DataError, match=r"data.tokenizer='gpt5' is not a tokenizer; valid: bytes, gpt2") as e:
+    with pytest.raises(DataError, match=r"unknown data.tokenizer='gpt5': valid are gpt2, bytes") as e:
         get_tokenizer("gpt5")
     assert "\n" not in str(e.value)

@@ -335,7 +335,7 @@ def test_kv_cache_incremental_equals_full_forward():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(norm="layer_norm"), "unknown norm.name='layer_norm': valid variants are pre_ln, post_ln"),
+    (dict(norm="layer_norm"), "unknown norm.name='layer_norm': valid are pre_ln, post_ln"),
     (dict(norm="spheret", p=0.0), "norm.p"),
     (dict(norm="spheret", p=-1.0), "norm.p"),
     (dict(norm="spheret", p="abc"), "norm.p"),

@@ -36,7 +36,7 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
     rank, local_rank = env_rank(), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
     if use_cuda and not torch.cuda.is_available():
-        from model.config import ConfigError  # a user setting, reported in one line like any bad key
+        from common import ConfigError  # a user setting, reported in one line like any bad key
         raise ConfigError("bad config train.device='cuda': torch sees no CUDA device here; valid: auto, cpu")
     if use_cuda:
         torch.cuda.set_device(local_rank)
