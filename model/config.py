@@ -1,6 +1,6 @@
 """GPTConfig: the one typed description of a model, validated once at construction.
 
-Field names follow ../shared/spec/variants.md ("Configuration keys"): every Hydra `norm.*` key maps
+Field names follow docs/variants.md ("Configuration keys"): every Hydra `norm.*` key maps
 onto one flat field here, and `model.*` keys onto the shape fields. Per-variant defaults (decay,
 input step, output step) are left as None here and filled in from the variant's class, so that a
 config only states what it changes.

@@ -1,4 +1,4 @@
-"""Normalization layers: LayerNorm, RMSNorm (the spec's `Norm`), DyT, ScaleNorm, and input steps."""
+"""Normalization layers: LayerNorm, RMSNorm (`Norm` in docs/variants.md), DyT, ScaleNorm, and input steps."""
 from __future__ import annotations
 
 import math
@@ -66,7 +66,7 @@ class ScaleNorm(nn.Module):
 
 
 def make_norm(cfg: GPTConfig) -> nn.Module:
-    """The spec's `Norm`: `norm.kind` decides, every instance has its own parameters."""
+    """`Norm` of docs/variants.md: `norm.kind` decides, every instance has its own parameters."""
     if cfg.norm_kind == "rmsnorm":
         return RMSNorm(cfg.n_embd, cfg.norm_eps)
     return LayerNorm(cfg.n_embd, cfg.norm_eps, bias=cfg.bias)

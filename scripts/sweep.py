@@ -33,7 +33,7 @@ import runlib  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "configs" / "experiment"
-# Config keys this script sets on every point (CONTRACTS.md layout; configs/{train,logging}).
+# Config keys this script sets on every point (defined in configs/{train,logging}).
 KEY_SEED, KEY_RESUME = "train.seed", "train.resume"
 KEY_GROUP = "logging.wandb.group"
 

@@ -30,7 +30,7 @@ def tiny_model(norm="pre_ln", seed=0, block_size=BLOCK):
 
 
 def save_ckpt(path, model, data_dir="", step=5, wandb_run_id=None):
-    """A checkpoint in the CONTRACTS.md format, built directly (no trainer needed)."""
+    """A checkpoint in trainer/checkpoint.py's format, built directly (no trainer needed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"format": "nanonorm-ckpt", "version": 1, "step": step, "model": model.state_dict(),
                 "model_config": model.config.to_dict(), "tokenizer": "bytes", "data_dir": str(data_dir),

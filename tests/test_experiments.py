@@ -35,7 +35,7 @@ sweep = _load("sweep")
 def make_run(d: Path, norm: str, seed: int, final: float, *, diverged: bool = False, finished: bool = True,
              spikes: int = 0, n_layer: int = 2, meta: dict | None = None, extra_cfg: dict | None = None,
              steps: int = 40) -> Path:
-    """A run dir as train.py writes it (CONTRACTS.md metrics.jsonl contract), loss falling to `final`."""
+    """A run dir as train.py writes it (config.yaml, metrics.jsonl), loss falling to `final`."""
     d.mkdir(parents=True)
     cfg = {"norm": {"name": norm, "decay": "harmonic", "clamp": 0.7853981633974483},
            "train": {"seed": seed}, "model": {"n_layer": n_layer}}

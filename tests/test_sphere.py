@@ -1,4 +1,4 @@
-"""The sphere math of ../shared/spec/variants.md: retraction identities, limits, guards."""
+"""The sphere math of docs/variants.md: retraction identities, limits, guards."""
 import math
 
 import pytest

@@ -1,4 +1,4 @@
-"""Checkpoints (see CONTRACTS.md): atomic save, keep last K, find/load/validate, and pre-emption signals."""
+"""Checkpoints (format: README, "Resume and pre-emption"): atomic save, keep last K, find/load/validate, and pre-emption signals."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """Where records go: metrics.jsonl (always), wandb (rank 0, offline by default), a recorder for tests.
 
-A record is a flat dict with "kind", "step", "tokens" and the fields of CONTRACTS.md's metrics.jsonl.
+A record is a flat dict with "kind", "step", "tokens" and the fields listed in the README's "Monitoring" section.
 """
 from __future__ import annotations
 
