@@ -16,8 +16,7 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import runlib  # noqa: E402
+import runlib
 
 
 def mean_std(xs: list[float]) -> tuple[float | None, float | None]:

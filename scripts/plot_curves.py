@@ -22,7 +22,6 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import runlib  # noqa: E402
 
 # tab10 plus two: the 11 variants get distinct colours.

@@ -28,8 +28,7 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import runlib  # noqa: E402
+import runlib
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "configs" / "experiment"

@@ -285,8 +285,7 @@ def test_torchrun_splits_evaluation_across_ranks(tmp_path):
     ckpt = save_ckpt(tmp_path / "ckpt.pt", model, tmp_path / "data")
     write_task(tmp_path)
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_DATASETS_CACHE": str(tmp_path / "hf"),
-           "PYTHONPATH": str(repo)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(repo / "eval.py"),
            str(ckpt), "--tasks", "toy_mc", "--include-path", str(tmp_path), "--bootstrap-iters", "0",
            "--stride", "8", "--batch-size", "2", "--out", str(tmp_path / "ddp.json")]

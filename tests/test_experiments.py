@@ -17,14 +17,18 @@ EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 
 
 def _load(name: str):
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
+    """Import scripts/<name>.py as the module `name`, as `python scripts/<name>.py` would see it
+    (the scripts import their shared `runlib` by that name)."""
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
+runlib = _load("runlib")
 make_table = _load("make_table")
 sweep = _load("sweep")
 
@@ -88,7 +92,6 @@ def study(tmp_path: Path) -> Path:
 
 
 def test_table_rows_mean_std_diverged_and_paper(study: Path) -> None:
-    runlib = sys.modules["runlib"]
     runs = [runlib.load_run(p) for p in runlib.find_runs([study])]
     paper = runlib.load_paper("geonorm_125m_books3_512")
     rows = {r["label"]: r for r in make_table.build_rows(runlib.group_runs(runs, ["pre_ln", "post_ln"]), paper)}
@@ -167,7 +170,6 @@ def test_plots_from_synthetic_runs(study: Path, tmp_path: Path) -> None:
     _png_ok(out.with_name("study_loss.png"))
     _png_ok(out.with_name("study_rms.png"))
     # band: mean/min/max over seeds on a common token grid
-    runlib = sys.modules["runlib"]
     runs = runlib.group_runs([runlib.load_run(p) for p in runlib.find_runs([study])])
     grid, mean, lo, hi = plot_curves.band([plot_curves.series(r.evals, "val_loss") for r in runs["pre_ln"]])
     assert list(grid) == [0, 20480, 40960]

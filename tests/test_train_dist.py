@@ -14,7 +14,7 @@ from test_train import REPO, TINY, make_cfg, records
 from trainer import checkpoint as ck
 from trainer.loop import train
 
-ENV = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+ENV = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 
 
 def run_cli(args, **kw):
