@@ -15,10 +15,11 @@ from typing import Any, Iterable
 
 import yaml
 
+from model import VARIANTS
+
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.yaml"
-# Canonical row order for tables and legends (then anything else, alphabetically).
-VARIANT_ORDER = ["pre_ln", "post_ln", "deepnorm", "sandwich", "peri_ln", "keel", "pre_dyt",
-                 "geonorm", "spheret", "proj_spheret", "cay_spheret"]
+# Canonical row order for tables and legends: the variant registry's (then anything else, alphabetically).
+VARIANT_ORDER = list(VARIANTS)
 
 
 @dataclass

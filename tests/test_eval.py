@@ -71,7 +71,6 @@ def test_loglikelihood_equals_hand_computed_sum(lm):
         want = sum(lps[-len(x):])
         assert got == pytest.approx(want, abs=1e-4), (ctx, cont)
         assert greedy == (argmax[-len(x):] == x)
-    assert all(lp < 0 for lp, _ in out)
 
 
 def test_greedy_flag_true_for_the_argmax_continuation(lm):
@@ -234,7 +233,7 @@ def test_eval_cli_json_markdown_and_wandb(tmp_path, capsys, monkeypatch):
     assert set(res["tasks"]["toy_mc"]) >= {"acc", "samples"} and res["failed_tasks"] == {}
     assert "| toy_mc | acc |" in out and f"{res['perplexity']['ppl']:.4f}" in out
     # logged to the run's own wandb run id (offline run dir carries the id)
-    assert list((tmp_path / "runs" / "r1").glob("**/offline-run-*-evaltest1")) or list(tmp_path.glob("**/offline-run-*-evaltest1"))
+    assert [p.name.split("-")[-1] for p in (run / "wandb").glob("offline-run-*")] == ["evaltest1"]
 
 
 @pytest.mark.parametrize("setup, needle", [

@@ -178,6 +178,32 @@ def test_plots_from_synthetic_runs(study: Path, tmp_path: Path) -> None:
     assert list(prof) == [1.0, 1.5, 2.0, 2.5, 3.0]
 
 
+def test_plot_colours_and_order_follow_the_variant_registry(tmp_path: Path) -> None:
+    """Every registered variant has its own colour, the same in every figure; legends follow the
+    registry's order; groups that are not one variant each (an ablation's points) get other colours."""
+    from model import VARIANTS
+
+    plot_curves = _load("plot_curves")
+
+    def groups(*specs: tuple[str, str]) -> dict:
+        runs = [runlib.load_run(make_run(tmp_path / f"{label}-{len(list(tmp_path.iterdir()))}", norm, 0, 3.0))
+                for label, norm in specs]
+        for r, (label, _) in zip(runs, specs):
+            r.label = label
+        return runlib.group_runs(runs)
+
+    every = groups(*[(v, v) for v in reversed(list(VARIANTS))])
+    assert list(every) == list(VARIANTS)  # registry order, whatever order the runs came in
+    colours = plot_curves.group_colors(every)
+    assert len({str(c) for c in colours.values()}) == len(VARIANTS)  # mix_ln no longer repeats pre_ln's
+    few = plot_curves.group_colors(groups(("mix_ln", "mix_ln"), ("geonorm", "geonorm"), ("p_inf", "spheret")))
+    assert few["mix_ln"] == colours["mix_ln"] and few["geonorm"] == colours["geonorm"]
+    assert few["p_inf"] == colours["spheret"]  # a point label that is one variant: that variant's colour
+    ablation = plot_curves.group_colors(groups(("sqrt", "geonorm"), ("linear", "geonorm")))
+    assert ablation["sqrt"] != ablation["linear"]
+    assert not {str(c) for c in ablation.values()} & {str(c) for c in colours.values()}
+
+
 # ---------------------------------------------------------------- sweep.py
 
 
@@ -189,16 +215,24 @@ def _dry(capsys, *argv: str) -> tuple[list[list[str]], str]:
     return cmds, out
 
 
+def experiment_meta(name: str) -> dict:
+    return yaml.safe_load((CONFIGS / "experiment" / f"{name}.yaml").read_text())["experiment_meta"]
+
+
 def test_sweep_dry_run_experiment(capsys, tmp_path: Path) -> None:
     cmds, out = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path))
-    assert len(cmds) == 17  # 13 points (11 variants + the extras lns, mix_ln) + a second seed of 4
+    meta = experiment_meta("cpu_study")
+    # one command per point and seed: every point at the common seeds, then the extra seeds
+    firsts = [f"{label}-s{s}" for s in meta["seeds"] for label in meta["points"]]
+    extras = [f"{label}-s{s}" for label, seeds in meta["extra_seeds"].items() for s in seeds]
+    assert extras  # the experiment has a seed-noise yardstick
+    outs = [c[-3].split("/")[-1] for c in cmds]
+    assert outs == firsts + extras  # first seeds first
     first = cmds[0]
     assert first[:2] == ["python", "train.py"]
     assert first[2:] == ["experiment=cpu_study", "norm=pre_ln", "train.seed=0", "run_name=cpu_study-pre_ln-s0",
                          f"out_dir={tmp_path}/cpu_study/pre_ln-s0", "logging.wandb.group=cpu_study",
                          "train.resume=auto"]
-    outs = [c[-3].split("/")[-1] for c in cmds]
-    assert outs[13:] == ["pre_ln-s1", "post_ln-s1", "geonorm-s1", "proj_spheret-s1"]  # first seeds first
     sph = next(c for c in cmds if "out_dir=" + str(tmp_path) + "/cpu_study/spheret_p_inf-s0" in c)
     assert "norm=spheret" in sph and "norm.p=inf" in sph
     assert not (tmp_path / "cpu_study").exists()  # dry run writes nothing
@@ -225,10 +259,11 @@ def test_sweep_skips_finished_resumes_interrupted(capsys, tmp_path: Path) -> Non
     (root / "post_ln-s0" / "checkpoints").mkdir()
     (root / "post_ln-s0" / "checkpoints" / "ckpt_00000020.pt").write_bytes(b"x")
     make_run(root / "deepnorm-s0", "deepnorm", 0, 3.0, finished=False)  # died before any checkpoint
+    all_cmds, _ = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path / "empty"))
     cmds, out = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path))
     assert "# skip (finished): pre_ln-s0" in out and "# resume: post_ln-s0" in out
-    assert "# restart: deepnorm-s0" in out and "1 finished, 1 to resume, 1 to restart, 14 new" in out
-    assert len(cmds) == 16
+    assert "# restart: deepnorm-s0" in out and f"1 finished, 1 to resume, 1 to restart, {len(all_cmds) - 3} new" in out
+    assert len(cmds) == len(all_cmds) - 1
     assert not any(f"out_dir={root}/pre_ln-s0" in c for c in cmds)
     post = next(c for c in cmds if f"out_dir={root}/post_ln-s0" in c)
     deep = next(c for c in cmds if f"out_dir={root}/deepnorm-s0" in c)
@@ -241,8 +276,9 @@ def test_sweep_slurm_script_and_requirements(capsys, tmp_path: Path) -> None:
     assert sweep.main(["--experiment", "geonorm_125m_books3_512", "--slurm", "--nproc", "8", "--dry-run",
                        "--runs-root", str(tmp_path), "--partition", "gpu", "--", "data.files=/d/*.jsonl"]) == 0
     out = capsys.readouterr().out
-    assert "#SBATCH --array=0-4" in out and "#SBATCH --gpus-per-node=8" in out and "#SBATCH --partition=gpu" in out
-    assert out.count("torchrun --standalone --nproc_per_node=8 train.py experiment=geonorm_125m_books3_512") == 5
+    n = len(experiment_meta("geonorm_125m_books3_512")["variants"])  # one array task per variant
+    assert f"#SBATCH --array=0-{n - 1}" in out and "#SBATCH --gpus-per-node=8" in out and "#SBATCH --partition=gpu" in out
+    assert out.count("torchrun --standalone --nproc_per_node=8 train.py experiment=geonorm_125m_books3_512") == n
     assert "'data.files=/d/*.jsonl'" in out and "norm=sandwich" in out
     with pytest.raises(SystemExit, match="unknown experiment"):
         sweep.main(["--experiment", "nope", "--dry-run"])
@@ -262,7 +298,8 @@ def test_every_experiment_config_composes() -> None:
     from trainer.config import parse_run_config
 
     paper = yaml.safe_load((SCRIPTS / "paper_results.yaml").read_text())["settings"]
-    assert len(EXPERIMENTS) >= 20
+    # every paper setting we hold numbers for has the experiment that reproduces it
+    assert set(paper) <= set(EXPERIMENTS)
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         for name in EXPERIMENTS:
             cfg = compose("config", overrides=[f"experiment={name}"])

@@ -6,8 +6,6 @@ import torch
 
 from model.sphere import retract, rotate, spheret_angle, sphere_update, tangent
 
-torch.set_default_dtype(torch.float32)
-
 
 def _state(n=6, d=16, dtype=torch.float64, seed=0):
     g = torch.Generator().manual_seed(seed)
