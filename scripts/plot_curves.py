@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import runlib  # noqa: E402
+from data.files import atomic_open  # noqa: E402
 
 # One colour per variant, fixed by its place in the registry, so a variant looks the same in every
 # figure. tab10 plus enough distinct extras for every registered variant.
@@ -185,10 +186,9 @@ def plot_rms(groups: dict[str, list[runlib.Run]], out: Path, title: str) -> Path
 
 def _save(fig, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=90)
+    with atomic_open(dest, "wb") as f:
+        fig.savefig(f, dpi=90, format="png")
     plt.close(fig)
-    tmp.replace(dest)
     return dest
 
 

@@ -169,7 +169,7 @@ def test_interrupted_preparation_resumes(tmp_path, capsys):
     # what a crash after the checkpoint leaves behind: bytes appended to a tail, a half-written shard
     with open(out / ".train.tail", "ab") as t:
         t.write(b"\x07" * 100)
-    (out / "train_000099.bin.tmp").write_bytes(b"partial")
+    (out / ".train_000099.bin.4242.tmp").write_bytes(b"partial")  # atomic_open's temp name
     capsys.readouterr()
     prepare_dataset(c, progress=False)
     assert "resuming" in capsys.readouterr().err

@@ -9,6 +9,8 @@ import math
 from pathlib import Path
 from typing import Optional
 
+from data.files import atomic_write
+
 
 def _clean(v):
     # JSON has no NaN/inf; write them as null so every line parses with any reader.
@@ -52,9 +54,7 @@ def truncate_jsonl(path: Path, step: int) -> None:
             continue  # a line cut by a kill
         if r.get("kind") != "summary" and r.get("step", 0) <= step:
             keep.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(l + "\n" for l in keep))
-    tmp.replace(path)
+    atomic_write(path, "".join(l + "\n" for l in keep))
 
 
 class RecordingSink(Sink):
