@@ -52,10 +52,11 @@ def test_ci_runs_the_readme_test_command_verbatim():
 def test_no_file_edits_sys_path_or_points_outside_the_repository():
     forbidden = {
         "a sys.path edit": re.compile(r"sys\.path\.(insert|append|extend)|PYTHON" + "PATH"),
-        "a path outside the repository": re.compile(r"\.\./" + "shared|CONTRACTS" + r"\.md"),
+        # spelt in pieces so that this file does not match itself
+        "a path outside the repository": re.compile(r"\.\./" + "sha" + "red|" + "CONTRA" + "CTS"),
     }
     hits = [f"{p.relative_to(REPO)}:{i}: {what}"
-            for p in repo_files() if p != Path(__file__).resolve()
+            for p in repo_files()
             for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
             for what, rx in forbidden.items() if rx.search(line)]
     assert not hits, "\n".join(hits)
