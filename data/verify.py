@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 
 from .config import DataError
+from .files import atomic_write
 from .loader import split_files
 from .shards import HEADER_BYTES, TOKEN_DTYPE, read_header
 
@@ -68,8 +68,6 @@ def check_data_dir(data_dir, vocab_size: int, splits=("train", "val"), tokenizer
                                 f"tokenizer, or is corrupt")
     if changed:
         try:
-            tmp = rec_path.with_name(f".{RECORD}.tmp{os.getpid()}")
-            tmp.write_text(json.dumps(record, indent=1))
-            os.replace(tmp, rec_path)
+            atomic_write(rec_path, json.dumps(record, indent=1))
         except OSError:  # a read-only data dir: check again next time
             pass

@@ -1,6 +1,6 @@
 """GPTConfig: the one typed description of a model, validated once at construction.
 
-Field names follow ../shared/spec/variants.md ("Configuration keys"): every Hydra `norm.*` key maps
+Field names follow docs/variants.md ("Configuration keys"): every Hydra `norm.*` key maps
 onto one flat field here, and `model.*` keys onto the shape fields. Per-variant defaults (decay,
 input step, output step) are left as None here and filled in from the variant's class, so that a
 config only states what it changes.
@@ -45,7 +45,7 @@ class GPTConfig:
     dyt_alpha_attn: float = 0.5
     dyt_alpha_other: float = 0.5
     deepnorm_init: str = "scaled"
-    # --- open choices of the sphere family (docs/variants.md, "our choices") ---
+    # --- open choices of the sphere family (docs/variants.md, "Switches for open choices") ---
     learn_radius: bool = True            # ScaleNorm's g learnable (else fixed at 1)
     decay_index: str = "block"           # lambda indexed by block k of N, or by sublayer j+1 of 2N
     alpha_init: float = 1.0              # SpheretNorm: softplus(rho) at init
@@ -127,6 +127,11 @@ class GPTConfig:
         multiple of `model.pad_vocab_to` (GPT-2's 50257 -> 50304, as nanoGPT does, for fast matmuls).
         """
         m, n = dict(model_cfg), dict(norm_cfg)
+        model_keys = {"name", "vocab_size", "pad_vocab_to", "block_size", "n_layer", "n_head", "n_embd", "dropout",
+                      "bias", "tie_embeddings"}
+        unknown = sorted(set(m) - model_keys)
+        if unknown:  # e.g. `+model.foo=1` on the command line
+            raise ConfigError(f"unknown model key(s) {unknown}: valid keys are {sorted(model_keys)}")
         vs = m.get("vocab_size")
         if vs is None:
             if vocab_size is None:

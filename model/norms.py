@@ -1,4 +1,4 @@
-"""Normalization layers: LayerNorm, RMSNorm (the variants' `Norm`), DyT, ScaleNorm, and input steps.
+"""Normalization layers: LayerNorm, RMSNorm (`Norm` in docs/variants.md), DyT, ScaleNorm, and input steps.
 
 `norm.kind` picks the Norm from NORM_KINDS and `norm.embed_norm` the input step from INPUT_STEPS;
 each is a registry, so a new kind is one function under its decorator.
@@ -99,7 +99,7 @@ def _rmsnorm(cfg: "GPTConfig") -> nn.Module:
 
 
 def make_norm(cfg: "GPTConfig") -> nn.Module:
-    """The variants' `Norm` (`norm.kind`); every instance has its own parameters."""
+    """`Norm` of docs/variants.md (`norm.kind`); every instance has its own parameters."""
     return NORM_KINDS[cfg.norm_kind](cfg)
 
 

@@ -1,6 +1,6 @@
 """The normalization variants: one small class each, picked by name from `VARIANTS`.
 
-A variant is three parts (../shared/spec/variants.md):
+A variant is three parts (docs/variants.md gives every variant's exact rule and source):
   1. input step  `input_step(cfg)`:  what happens to the embeddings e before block 1;
   2. sublayer rule  `forward(h, f)`:  how the stream h is updated by one sublayer f (attention or MLP);
   3. output step `output_step(cfg)`: what happens to h before the LM head.
@@ -289,7 +289,7 @@ class CaySpheretNorm(SpheretNorm):
     fixed_p = 2.0
 
 
-# ---- optional extras beyond the two papers' baseline lists (spec: "Optional extras") ----
+# ---- optional extras beyond the two papers' baseline lists (docs/variants.md, "Summary") ----
 
 @register("lns")
 class LayerNormScaling(Variant):

@@ -30,7 +30,7 @@ def tiny_model(norm="pre_ln", seed=0, block_size=BLOCK):
 
 
 def save_ckpt(path, model, data_dir="", step=5, wandb_run_id=None):
-    """A checkpoint in the CONTRACTS.md format, built directly (no trainer needed)."""
+    """A checkpoint in trainer/checkpoint.py's format, built directly (no trainer needed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"format": "nanonorm-ckpt", "version": 1, "step": step, "model": model.state_dict(),
                 "model_config": model.config.to_dict(), "tokenizer": "bytes", "data_dir": str(data_dir),
@@ -71,7 +71,6 @@ def test_loglikelihood_equals_hand_computed_sum(lm):
         want = sum(lps[-len(x):])
         assert got == pytest.approx(want, abs=1e-4), (ctx, cont)
         assert greedy == (argmax[-len(x):] == x)
-    assert all(lp < 0 for lp, _ in out)
 
 
 def test_greedy_flag_true_for_the_argmax_continuation(lm):
@@ -234,7 +233,7 @@ def test_eval_cli_json_markdown_and_wandb(tmp_path, capsys, monkeypatch):
     assert set(res["tasks"]["toy_mc"]) >= {"acc", "samples"} and res["failed_tasks"] == {}
     assert "| toy_mc | acc |" in out and f"{res['perplexity']['ppl']:.4f}" in out
     # logged to the run's own wandb run id (offline run dir carries the id)
-    assert list((tmp_path / "runs" / "r1").glob("**/offline-run-*-evaltest1")) or list(tmp_path.glob("**/offline-run-*-evaltest1"))
+    assert [p.name.split("-")[-1] for p in (run / "wandb").glob("offline-run-*")] == ["evaltest1"]
 
 
 @pytest.mark.parametrize("setup, needle", [
@@ -285,8 +284,7 @@ def test_torchrun_splits_evaluation_across_ranks(tmp_path):
     ckpt = save_ckpt(tmp_path / "ckpt.pt", model, tmp_path / "data")
     write_task(tmp_path)
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_DATASETS_CACHE": str(tmp_path / "hf"),
-           "PYTHONPATH": str(repo)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(repo / "eval.py"),
            str(ckpt), "--tasks", "toy_mc", "--include-path", str(tmp_path), "--bootstrap-iters", "0",
            "--stride", "8", "--batch-size", "2", "--out", str(tmp_path / "ddp.json")]

@@ -1,4 +1,4 @@
-"""Checkpoints (see CONTRACTS.md): atomic save, keep last K, find/load/validate, and pre-emption signals."""
+"""Checkpoints (format: README, "Resume and pre-emption"): atomic save, keep last K, find/load/validate, and pre-emption signals."""
 from __future__ import annotations
 
 import fcntl
@@ -12,12 +12,16 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from common import UserError
+
+from data.files import atomic_open
+
 FORMAT, VERSION = "nanonorm-ckpt", 1
 _NAME = re.compile(r"^ckpt_(\d{8})\.pt$")
 _REQUIRED = ("step", "model", "model_config", "tokenizer", "optimizer", "scheduler", "rng", "loader", "config")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message names the file and the problem."""
 
 
@@ -47,20 +51,12 @@ def find_latest(run_dir: Union[str, Path]) -> Optional[Path]:
 
 
 def save_checkpoint(state: dict, run_dir: Union[str, Path], step: int, keep_last: int) -> Path:
-    """Write to a temp name in the same dir, fsync, os.replace; then delete all but the newest keep_last."""
+    """Write atomically (temp name, fsync, rename); then delete all but the newest keep_last."""
     path = ckpt_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     state = {"format": FORMAT, "version": VERSION, **state, "step": step}
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_open(path, "wb") as f:
+        torch.save(state, f)
     for old in list_checkpoints(run_dir)[:-keep_last]:
         old.unlink(missing_ok=True)
     return path
@@ -184,11 +180,12 @@ class RunDirLock:
 
 
 def remove_stale_temps(run_dir: Union[str, Path]) -> list[Path]:
-    """Temp files left by writes that a kill interrupted (.ckpt_*.pt.tmp<pid>, .config.yaml.tmp, ...).
-    Only safe while holding the run dir's lock: no live writer can own them then."""
+    """Temp files of writes that a kill interrupted (`.<name>.<pid>.tmp`, and older versions'
+    `.ckpt_*.pt.tmp<pid>`) in the run dir and its checkpoints/. Only safe while holding the run dir's
+    lock: no live writer can own them then."""
     run_dir = Path(run_dir)
-    found = [*ckpt_dir(run_dir).glob(".ckpt_*.pt.tmp*"), *run_dir.glob(".config.yaml.tmp"),
-             *run_dir.glob("metrics.jsonl.tmp")]
+    found = sorted({p for d in (run_dir, ckpt_dir(run_dir)) for pat in (".*.tmp", ".ckpt_*.pt.tmp*")
+                    for p in d.glob(pat) if p.is_file()})
     for p in found:
         p.unlink(missing_ok=True)
     return found

@@ -21,6 +21,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from data.config import DataConfig
+from data.files import atomic_write
 
 from . import checkpoint as ck
 from . import distributed as D
@@ -286,9 +287,7 @@ class Trainer:
             if not kept.exists():
                 cfg_path.replace(kept)
                 log.warning(f"config changed on resume: the previous config.yaml is kept as {kept}")
-        tmp = self.run_dir / ".config.yaml.tmp"
-        tmp.write_text(text)
-        tmp.replace(cfg_path)
+        atomic_write(cfg_path, text)
         metrics = self.run_dir / "metrics.jsonl"
         if resume_path is not None:
             truncate_jsonl(metrics, self.step)
