@@ -121,7 +121,7 @@ def test_ddp_sigterm_is_acted_on_within_two_steps(tmp_path):
                              "train.py", *TINY, "train.max_steps=100000", "logging.log_interval=1000",
                              "train.eval_interval=100000", "train.ckpt_interval=5", "train.keep_last=1000",
                              "logging.console=true", f"out_dir={run}"],
-                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 180
         while not ck.ckpt_path(run, 5).exists():
@@ -156,7 +156,7 @@ def test_two_runs_started_together_into_one_run_dir(tmp_path):
     """Started in the same instant, before either has written anything: one runs, the other is refused
     at once in one line; the run dir then holds the one run."""
     cmd = [sys.executable, "train.py", *TINY, "train.max_steps=100000", f"out_dir={tmp_path}"]
-    procs = [subprocess.Popen(cmd, cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     try:
         deadline = time.time() + 180
