@@ -134,7 +134,8 @@ def run_part(args, part: str) -> None:
     elif part == "c":
         best = best_setting(args)
         pts = {lbl: {**points[lbl], KEY_LR: best[lbl]["lr"], KEY_MULT: best[lbl]["lr_mult"],
-                     "train.max_steps": HORIZON_STEPS, "train.eval_interval": 100} for lbl in HORIZON if lbl in points}
+                     "train.max_steps": HORIZON_STEPS, "train.eval_interval": 100,
+                     "train.ckpt_interval": 400} for lbl in HORIZON if lbl in points}  # resumable mid-run
         sweep(args, "fidelity_c", "--experiment", "fidelity", "--points", write_points(pts), "--seeds", SEEDS_C)
     elif part == "d":
         best = best_setting(args)
