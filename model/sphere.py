@@ -88,10 +88,13 @@ def _coefficients(hh, hs, vv, angle, params):
 
 
 def _bdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-token <a, b> as a batched mat-vec: one read of each input and no [..., d] temporary
-    (the sphere step is memory-bound on large activations). Autocast would run it in bf16: off."""
-    with torch.autocast(a.device.type, enabled=False):
-        return torch.matmul(a.unsqueeze(-2), b.unsqueeze(-1)).squeeze(-1)
+    """Per-token <a, b> of float32 (or float64) inputs, kept in that precision in forward and backward.
+
+    Elementwise product and sum, deliberately not a matmul: autocast never lowers `mul`/`sum` to
+    bf16 (a matmul under torch.compile would be differentiated in bf16, since AOTAutograd traces
+    the backward under the forward's autocast, whatever region disabled it), and TF32 (which
+    `allow_tf32` turns on for every float32 matmul on CUDA) never applies to them."""
+    return (a * b).sum(-1, keepdim=True)
 
 
 def _tangent_dots(h32, s32):
