@@ -116,3 +116,66 @@ def test_checkpoints_load_with_weights_only_true(tmp_path):
     torch.save(bad, tmp_path / "bad.pt")
     with pytest.raises(ck.CheckpointError, match=r"bad\.pt is corrupt or unreadable .*it pickles re\._compile"):
         ck.load_checkpoint(tmp_path / "bad.pt")
+
+
+# --- host syncs of a training step --------------------------------------------------------------
+
+def _syncs_per_step(monkeypatch, tmp_path, *overrides):
+    """Tensor-to-Python reads (a host sync on CUDA) in one train_step: aten._local_scalar_dense
+    (.item(), float(t), a tensor passed as a number) and .tolist(); not counting the for-loop
+    AdamW's reads of its per-parameter step counts, which live on the CPU."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from test_train import make_cfg
+    from trainer import distributed as D
+    from trainer.config import parse_run_config
+    from trainer.loop import Trainer
+
+    cfg = make_cfg(tmp_path, *overrides)
+    t = Trainer(cfg, parse_run_config(cfg), D.init_distributed("cpu"))
+    try:
+        t.setup()
+        t.train_step(1, False, 0)
+        cpu_counts = {id(st["step"]) for st in t.opt.state.values()}
+
+        class Count(TorchDispatchMode):
+            n = 0
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if func.overloadpacket.__name__ == "_local_scalar_dense" and id(args[0]) not in cpu_counts:
+                    Count.n += 1
+                return func(*args, **(kwargs or {}))
+
+        tolist = torch.Tensor.tolist
+
+        def counting_tolist(self):
+            Count.n += 1
+            return tolist(self)
+
+        with Count(), monkeypatch.context() as m:
+            m.setattr(torch.Tensor, "tolist", counting_tolist)
+            t.train_step(2, False, 0)
+        return Count.n, len(t.params)
+    finally:
+        t.close()
+
+
+def test_host_syncs_per_step_fused_none_for_loop_one(monkeypatch, tmp_path):
+    assert _syncs_per_step(monkeypatch, tmp_path / "fused", "optim.fused=true")[0] == 0
+    n, n_params = _syncs_per_step(monkeypatch, tmp_path / "loop", "optim.fused=false")
+    assert n == 1, (n, n_params)  # before: 1 + one per parameter (the tensor LR read back)
+
+
+def test_for_loop_adamw_trains_like_fused_and_skips_nonfinite_steps(tmp_path):
+    from test_train import make_cfg, records
+    from trainer.loop import train
+
+    common = ["train.max_steps=4", "train.inject_nan_at=3", "optim.warmup_steps=10"]
+    train(make_cfg(tmp_path / "fused", *common, "optim.fused=true"))
+    train(make_cfg(tmp_path / "loop", *common, "optim.fused=false"))
+    a, b = (ck.load_checkpoint(ck.find_latest(tmp_path / r)) for r in ("fused", "loop"))
+    assert a["scheduler"]["updates"] == b["scheduler"]["updates"] == 3  # step 3 skipped in both
+    for k, v in a["model"].items():
+        torch.testing.assert_close(b["model"][k], v, rtol=0, atol=1e-5, msg=k)
+    assert [r["lr"] for r in records(tmp_path / "fused", "train")] == \
+        pytest.approx([r["lr"] for r in records(tmp_path / "loop", "train")], rel=1e-6)

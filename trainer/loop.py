@@ -326,13 +326,19 @@ class Trainer:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.o.grad_clip, gn, foreach=True)
         # Gradients are all-reduced, so `bad` agrees on every rank: all ranks skip together.
         bad = ~torch.isfinite(gn)
+        if not self.opt.is_fused:
+            # torch's for-loop AdamW would read a tensor LR back once per parameter (a host sync
+            # each): give it a float, read together with the skip flag in one sync per step.
+            skip, lr = torch.stack([bad.float(), self.opt.lr_tensor.float()]).tolist()
+            for g in self.opt.param_groups:
+                g["lr"] = lr
         if self.scaler is not None:
             self.scaler.step(self.opt)  # skips on inf/NaN itself (sync-free with the fused optimizer)
             self.scaler.update()
         elif self.opt.is_fused:
             self.opt.found_inf = bad.float()  # fused AdamW skips the whole update when found_inf == 1
             self.opt.step()
-        elif not bad.item():  # non-fused fallback: one host sync per step
+        elif not skip:
             self.opt.step()
         self.opt.zero_grad(set_to_none=True)
         self.updates += (~bad).double()
