@@ -179,3 +179,91 @@ def test_for_loop_adamw_trains_like_fused_and_skips_nonfinite_steps(tmp_path):
         torch.testing.assert_close(b["model"][k], v, rtol=0, atol=1e-5, msg=k)
     assert [r["lr"] for r in records(tmp_path / "fused", "train")] == \
         pytest.approx([r["lr"] for r in records(tmp_path / "loop", "train")], rel=1e-6)
+
+
+# --- throughput and MFU ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
+                                        ("NVIDIA H100 NVL", 835e12), ("NVIDIA H200", 989e12),
+                                        ("NVIDIA A100-SXM4-80GB", 312e12), ("NVIDIA A100 80GB PCIe", 312e12)])
+def test_peak_flops_matches_the_exact_gpu_name(monkeypatch, name, peak):
+    from trainer import monitor
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    assert monitor.peak_flops(torch.device("cuda", 0), "bf16") == peak  # before: PCIe and NVL got 989e12
+
+
+def test_unknown_gpu_has_no_mfu_and_one_warning(monkeypatch, caplog):
+    from trainer import monitor
+
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 Future Edition")
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        assert monitor.peak_flops(torch.device("cuda", 0), "bf16") is None
+        assert monitor.peak_flops(torch.device("cuda", 1), "bf16") is None
+    assert len([r for r in caplog.records if "Future Edition" in r.getMessage()]) == 1
+    assert monitor.peak_flops(torch.device("cpu"), "bf16") is None
+
+
+class FakeDevice:
+    """A clock and an asynchronous device: `launch` queues device work and returns at once,
+    `sync` waits for the queue (as torch.cuda.synchronize or a .tolist() would)."""
+
+    def __init__(self):
+        self.now, self.busy_until = 0.0, 0.0
+
+    def clock(self):
+        return self.now
+
+    def host(self, seconds):
+        self.now += seconds
+
+    def launch(self, seconds):
+        self.busy_until = max(self.busy_until, self.now) + seconds
+
+    def sync(self):
+        self.now = max(self.now, self.busy_until)
+
+
+def test_interval_timer_charges_queued_steps_to_the_interval_not_the_excluded_region():
+    from trainer.monitor import IntervalTimer
+
+    dev = FakeDevice()
+    timer = IntervalTimer(sync=dev.sync, clock=dev.clock)
+    for _ in range(3):  # three steps: 10 ms of host work each, 1 s of queued device work
+        dev.host(0.01)
+        dev.launch(1.0)
+        timer.steps += 1
+    with timer.exclude() as stats:  # a stats step: its .tolist() waits for the queue, then 0.1 s
+        dev.sync()
+        dev.host(0.1)
+    assert stats.seconds == pytest.approx(0.1)
+    elapsed, steps = timer.read()
+    assert steps == 3 and elapsed == pytest.approx(3.01)  # without the syncs: 0.03 s, tokens/s 100x too high
+    timer.start()
+    assert timer.read() == (0.0, 0)
+
+
+def test_the_compiling_first_step_is_reported_apart(monkeypatch, tmp_path):
+    """compile_s in the first train record; that step is in no tokens/s (null where it is alone)."""
+    import time
+
+    from test_train import make_cfg, records
+    from trainer import loop
+
+    def slow_compile(model, **kw):  # stands in for torch.compile: the first call takes 1 s
+        calls = []
+
+        def run(*a, **k):
+            if not calls and model.training:
+                calls.append(1)
+                time.sleep(1.0)
+            return model(*a, **k)
+
+        run.train, run.eval = model.train, model.eval
+        return run
+
+    monkeypatch.setattr(loop.torch, "compile", slow_compile)
+    loop.train(make_cfg(tmp_path, "train.compile=true", "train.max_steps=4", "logging.log_interval=2"))
+    first, second = records(tmp_path, "train")
+    assert first["compile_s"] >= 1.0 and "compile_s" not in second
+    assert first["step_time"] < 0.5 and first["tokens_per_s"] == pytest.approx(256 / first["step_time"])

@@ -12,7 +12,6 @@ import math
 import os
 import random
 import shutil
-import time
 from pathlib import Path
 from typing import Optional
 
@@ -23,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import checkpoint as ck
 from . import distributed as D
 from .config import ConfigError, RunConfig, parse_run_config
-from .monitor import SpikeDetector, block_grad_norms, mfu, peak_flops, residual_rms
+from .monitor import IntervalTimer, SpikeDetector, block_grad_norms, mfu, peak_flops, residual_rms
 from .optim import LRSchedule, attach_lr, build_optimizer
 from .sinks import JsonlSink, Sink, WandbSink, truncate_jsonl
 
@@ -133,6 +132,8 @@ class Trainer:
             self._load(resume_path)
 
         self.fwd_model = torch.compile(self.model) if use_compile else self.model
+        self.compiling_step = use_compile  # the first step compiles: timed apart, reported as compile_s
+        self.compile_s = None
         self.ddp = None
         if d.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -250,26 +251,33 @@ class Trainer:
         result = {"run_dir": str(self.run_dir), "stopped": None, "diverged": False}
         if self.step == 0:
             self.evaluate()
-        n_buf, t0, excluded = 0, time.perf_counter(), 0.0
+        dev = self.device
+        timer = IntervalTimer(sync=(lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None)
+        n_buf = 0
         while self.step < t.max_steps:
             s = self.step + 1  # the step being made; records use completed-step counts
             is_stats = s % lg.stats_interval == 0
-            self.train_step(s, is_stats, n_buf)
+            if self.compiling_step:
+                with timer.exclude() as first:
+                    self.train_step(s, is_stats, n_buf)
+                self.compile_s, self.compiling_step = first.seconds, False
+            else:
+                self.train_step(s, is_stats, n_buf)
+                timer.steps += 1
             self.step, n_buf = s, n_buf + 1
             last = s == t.max_steps
             is_ckpt = s % t.ckpt_interval == 0 or last or (t.stop_at is not None and s >= t.stop_at)
             if is_stats:
-                e0 = time.perf_counter()
-                self.log_stats(s)
-                excluded += time.perf_counter() - e0
+                with timer.exclude():
+                    self.log_stats(s)
             # Log steps: every log_interval, plus before any checkpoint (so a resumed run logs identically).
             # A signal is acted on at this step in a single process; under DDP all ranks must agree,
             # which they do at the next log step (its all-reduce carries the flag).
             signalled = self.stop.received is not None and not self.d.enabled
             if s % lg.log_interval == 0 or is_ckpt or n_buf == lg.log_interval or signalled:
-                elapsed = time.perf_counter() - t0 - excluded
-                signal_seen, consec = self.log_train(s, n_buf, elapsed)
-                n_buf, t0, excluded = 0, time.perf_counter(), 0.0
+                signal_seen, consec = self.log_train(s, n_buf, *timer.read())
+                n_buf = 0
+                timer.start()
                 if consec >= t.max_skipped:
                     result["diverged"] = True
                     msg = (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped "
@@ -285,15 +293,14 @@ class Trainer:
                     log.warning(f"{signal_seen} received: checkpoint saved at step {s}; "
                                 f"continue with train.resume=auto")
                     return self._finish(result, summary=False)
-            e0 = time.perf_counter()
-            if s % t.eval_interval == 0 or last:
-                self.evaluate()
-            if is_ckpt:
-                result["checkpoint"] = str(self.save())
-                if t.stop_at is not None and s >= t.stop_at and not last:
-                    result["stopped"] = "stop_at"
-                    return self._finish(result, summary=False)
-            excluded += time.perf_counter() - e0
+            with timer.exclude():
+                if s % t.eval_interval == 0 or last:
+                    self.evaluate()
+                if is_ckpt:
+                    result["checkpoint"] = str(self.save())
+                    if t.stop_at is not None and s >= t.stop_at and not last:
+                        result["stopped"] = "stop_at"
+                        return self._finish(result, summary=False)
         return self._finish(result, summary=True)
 
     def train_step(self, s: int, is_stats: bool, slot: int) -> torch.Tensor:
@@ -350,8 +357,11 @@ class Trainer:
 
     # --- events ----------------------------------------------------------------------------------
 
-    def log_train(self, s: int, n: int, elapsed: float):
-        """Read the device buffers (the per-interval host sync), reduce over ranks, detect spikes, emit."""
+    def log_train(self, s: int, n: int, elapsed: float, timed: int):
+        """Read the device buffers (the per-interval host sync), reduce over ranks, detect spikes, emit.
+
+        `elapsed` is the time of the interval's `timed` steps (all n but a compiling first step);
+        throughput and MFU are null when no step was timed."""
         W = self.d.world_size
         flag = 1.0 if self.stop.received else 0.0
         per_step = self.loss_buf[:n].clone()
@@ -370,18 +380,23 @@ class Trainer:
                     self.emit({"kind": "spike", "step": first + i, "tokens": (first + i) * self.t.batch_tokens,
                                "metric": metric, "value": v, "z": z})
                     log.warning(f"spike in {metric} at step {first + i}: {v:.4g} (z={z:.1f})")
-        tps = n * self.t.batch_tokens / max(elapsed, 1e-9)
+        tps = timed * self.t.batch_tokens / max(elapsed, 1e-9) if timed else None
         rec = {"kind": "train", "step": s, "tokens": s * self.t.batch_tokens,
                "loss": _fmean(losses), "loss_max": _fmean(maxes), "lr": lr, "grad_norm": _fmean(gns),
-               "tokens_per_s": tps, "step_time": elapsed / n, "mfu": mfu(self.flops_per_token, tps / W, self.peak),
+               "tokens_per_s": tps, "step_time": elapsed / timed if timed else None,
+               "mfu": mfu(self.flops_per_token, tps / W, self.peak) if timed else None,
                "skipped_steps": int(skipped), "spikes_loss": self.spike_loss.count,
                "spikes_grad_norm": self.spike_gn.count}
+        if self.compile_s is not None:  # once, in the first record after the compiling step
+            rec["compile_s"], self.compile_s = self.compile_s, None
         if self.d.is_main:
             self.emit(rec)
             if self.lg.console:
                 log.info(f"step {s}/{self.t.max_steps} | loss {rec['loss']:.4f} | lr {lr:.3g} | grad norm "
-                         f"{rec['grad_norm']:.3g} | {tps:,.0f} tok/s | {1000 * elapsed / n:.0f} ms/step"
+                         f"{rec['grad_norm']:.3g}"
+                         + (f" | {tps:,.0f} tok/s | {1000 * rec['step_time']:.0f} ms/step" if timed else "")
                          + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "")
+                         + (f" | compile {rec['compile_s']:.1f}s (first step, not in tok/s)" if "compile_s" in rec else "")
                          + (f" | skipped {int(skipped)}" if skipped else ""))
         return (self.stop.received or "signal") if signal_seen else None, int(consec)
 
