@@ -267,3 +267,49 @@ def test_the_compiling_first_step_is_reported_apart(monkeypatch, tmp_path):
     first, second = records(tmp_path, "train")
     assert first["compile_s"] >= 1.0 and "compile_s" not in second
     assert first["step_time"] < 0.5 and first["tokens_per_s"] == pytest.approx(256 / first["step_time"])
+
+
+# --- ranks waiting for rank 0's data preparation ------------------------------------------------
+
+WAIT_SCRIPT = """
+import datetime, sys, time
+sys.path.insert(0, {repo!r})
+import torch
+import torch.distributed as dist
+from trainer import distributed as D
+
+D.PG_TIMEOUT = datetime.timedelta(seconds=0.5)  # stands in for NCCL's 30-minute watchdog
+d = D.init_distributed("cpu")
+# rank 0 "prepares the data" for 2 s, far beyond the default group's timeout
+out = D.main_first(lambda: time.sleep(2) or "prepared" if d.rank == 0 else "found ready")
+t = torch.ones(1)
+D.all_reduce_(t)  # the default group still works afterwards
+print(f"rank {{d.rank}}: {{out}}, {{t.item():.0f}}", flush=True)
+if True:  # the former way, a barrier on the default group, times out
+    if d.rank == 0:
+        time.sleep(2)
+    try:
+        dist.barrier()
+    except Exception as e:
+        print(f"rank {{d.rank}}: default-group barrier failed", flush=True)
+        sys.exit(0)
+D.teardown()
+"""
+
+
+def test_ranks_wait_for_rank0s_data_preparation_beyond_the_collective_timeout(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = tmp_path / "wait.py"
+    script.write_text(WAIT_SCRIPT.format(repo=str(repo)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                        str(script)], env=env, capture_output=True, text=True, timeout=120)
+    out = p.stdout + p.stderr
+    assert "rank 0: prepared, 2" in out and "rank 1: found ready, 2" in out, out[-3000:]
+    # the test's premise: the same wait on the default group fails
+    assert "rank 1: default-group barrier failed" in out and p.returncode == 0, out[-3000:]

@@ -87,12 +87,9 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
 
-        # Data: rank 0 prepares (downloads/tokenizes) first; the others then find it ready.
-        if d.is_main:
-            self.data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
-        D.barrier()
-        if not d.is_main:
-            self.data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
+        # Data: rank 0 prepares (downloads/tokenizes, possibly for hours) first; the others wait
+        # (on a gloo group with a long timeout) and then find it ready.
+        self.data_dir = Path(D.main_first(lambda: data_mod.prepare_dataset(self.cfg.data)))
         meta = json.loads((self.data_dir / "meta.json").read_text())
         self.tok = data_mod.get_tokenizer(meta["tokenizer"])
         self.tokenizer_name = meta["tokenizer"]
