@@ -300,3 +300,63 @@ def test_torchrun_splits_evaluation_across_ranks(tmp_path):
     lm1 = NanoLM(model, get_tokenizer("bytes"))
     results, _ = run_tasks(lm1, ["toy_mc"], include_path=str(tmp_path), bootstrap_iters=0, echo=lambda m: None)
     assert res["tasks"]["toy_mc"]["acc"] == results["toy_mc"]["acc"] and res["tasks"]["toy_mc"]["samples"] == 4
+
+
+ONE_RANK_FAILS = """
+import json, sys
+sys.path.insert(0, {repo!r})
+sys.path.insert(0, {tests!r})
+import datasets
+import torch
+from data import get_tokenizer
+from evaluation import runtime
+from evaluation.harness import NanoLM, run_tasks
+from test_eval import tiny_model
+
+rt = runtime.setup("cpu", "float32")
+lm = NanoLM(tiny_model(seed=6), get_tokenizer("bytes"), batch_size=2, rt=rt)
+if rt.rank == 1:  # this rank only: one task's data cannot be fetched, another task's scoring fails
+    load = datasets.load_dataset
+    def failing_load(*a, **kw):
+        if "toy_load" in str(kw.get("data_files")):
+            raise ConnectionError("simulated download failure")
+        return load(*a, **kw)
+    datasets.load_dataset = failing_load
+    score, calls = lm._score, []
+    def failing_score(*a, **kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("simulated out of memory")
+        return score(*a, **kw)
+    lm._score = failing_score
+results, failures = run_tasks(lm, ["toy_load", "toy_score", "toy_mc"], include_path={tasks!r},
+                              bootstrap_iters=0, echo=lambda m: None)
+print("RESULT", json.dumps({{"rank": rt.rank, "results": results, "failures": failures}}), flush=True)
+runtime.teardown()
+"""
+
+
+def test_a_task_failing_on_one_rank_is_skipped_on_every_rank(tmp_path):
+    """Rank 1 fails one task before any collective (its data) and one after the first (scoring):
+    both ranks skip both tasks, name rank 1's error, run the next task and exit (before: a hang)."""
+    import os
+    from pathlib import Path
+
+    from test_gpu_paths import torchrun
+
+    for name in ("toy_load", "toy_score", "toy_mc"):
+        write_task(tmp_path, name)
+    tests = Path(__file__).resolve().parent
+    script = tmp_path / "one_rank_fails.py"
+    script.write_text(ONE_RANK_FAILS.format(repo=str(tests.parent), tests=str(tests), tasks=str(tmp_path)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    code, text = torchrun([script], env, timeout=120, cwd=tmp_path)
+    assert code == 0, text[-3000:]
+    out = {r["rank"]: r for r in (json.loads(l.split(" ", 1)[1]) for l in text.splitlines()
+                                  if l.startswith("RESULT "))}
+    for rank in (0, 1):
+        f = out[rank]["failures"]
+        assert sorted(f) == ["toy_load", "toy_score"], f
+        assert f["toy_load"].startswith("rank 1: ConnectionError: simulated download failure")
+        assert f["toy_score"].startswith("rank 1: RuntimeError: simulated out of memory")
+    assert out[0]["results"]["toy_mc"]["samples"] == 4 and out[1]["results"] == {}

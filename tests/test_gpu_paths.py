@@ -271,6 +271,26 @@ def test_the_compiling_first_step_is_reported_apart(monkeypatch, tmp_path):
 
 # --- ranks waiting for rank 0's data preparation ------------------------------------------------
 
+def torchrun(args, env, timeout, cwd=None):
+    """`torchrun --standalone --nproc_per_node=2 args` -> (exit code, stdout + stderr); on a timeout
+    the whole process group is killed (hung ranks included) and the test fails with the output."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          *map(str, args)], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail(f"torchrun still running after {timeout} s (a hang?):\n{out[-3000:]}")
+    return p.returncode, out
+
+
 WAIT_SCRIPT = """
 import datetime, sys, time
 sys.path.insert(0, {repo!r})
@@ -299,17 +319,12 @@ D.teardown()
 
 def test_ranks_wait_for_rank0s_data_preparation_beyond_the_collective_timeout(tmp_path):
     import os
-    import subprocess
-    import sys
     from pathlib import Path
 
     repo = Path(__file__).resolve().parents[1]
     script = tmp_path / "wait.py"
     script.write_text(WAIT_SCRIPT.format(repo=str(repo)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                        str(script)], env=env, capture_output=True, text=True, timeout=120)
-    out = p.stdout + p.stderr
+    code, out = torchrun([script], {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
     assert "rank 0: prepared, 2" in out and "rank 1: found ready, 2" in out, out[-3000:]
     # the test's premise: the same wait on the default group fails
-    assert "rank 1: default-group barrier failed" in out and p.returncode == 0, out[-3000:]
+    assert "rank 1: default-group barrier failed" in out and code == 0, out[-3000:]

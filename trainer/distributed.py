@@ -65,6 +65,11 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
 
 
+def wait_group():
+    """The gloo group with WAIT_TIMEOUT (None, i.e. the default group, if another caller set up torch.distributed)."""
+    return _wait_group
+
+
 def main_first(fn):
     """fn() on rank 0, then on the other ranks, which find rank 0's work done (data preparation:
     the others then only read the prepared files). They wait on the gloo group, up to WAIT_TIMEOUT:
