@@ -27,6 +27,7 @@ SINCE = {
         torch.cuda.current_device torch.cuda.device_count torch.cuda.is_available torch.cuda.is_bf16_supported
         torch.cuda.set_device torch.cuda.synchronize torch.cuda.max_memory_allocated
         torch.cuda.reset_peak_memory_stats torch.cuda.get_device_properties torch.cuda.empty_cache
+        torch.cuda.OutOfMemoryError torch.Tensor.tolist
         torch.device torch.distributed.ReduceOp.MAX torch.distributed.ReduceOp.SUM
         torch.distributed.all_gather torch.distributed.all_gather_object torch.distributed.all_reduce
         torch.distributed.barrier torch.distributed.broadcast_object_list torch.distributed.destroy_process_group
