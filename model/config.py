@@ -16,6 +16,7 @@ DECAYS = ("none", "harmonic", "sqrt", "linear")
 EMBED_NORMS = ("none", "layer", "scalenorm")
 KEEL_FIRST = ("v1", "v2")
 DEEPNORM_INITS = ("scaled", "xavier")
+DECAY_INDICES = ("block", "sublayer")
 
 
 class ConfigError(ValueError):
@@ -31,6 +32,7 @@ class GPTConfig:
     n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True
+    tie_embeddings: bool = True          # GPT-2: the LM head shares the token embedding matrix
     # --- normalization (Hydra group `norm`) ---
     norm: str = "pre_ln"
     norm_kind: str = "layernorm"
@@ -44,6 +46,11 @@ class GPTConfig:
     dyt_alpha_attn: float = 0.5
     dyt_alpha_other: float = 0.5
     deepnorm_init: str = "scaled"
+    # --- open choices of the sphere family (docs/variants.md, "our choices") ---
+    learn_radius: bool = True            # ScaleNorm's g learnable (else fixed at 1)
+    decay_index: str = "block"           # lambda indexed by block k of N, or by sublayer j+1 of 2N
+    alpha_init: float = 1.0              # SpheretNorm: softplus(rho) at init
+    a_init: float = 1.0                  # GeoNorm: a at init
 
     def __post_init__(self) -> None:
         from .variants import get_variant  # late import: variants import this module
@@ -96,6 +103,15 @@ class GPTConfig:
             bad("norm.p", self.p, "must be > 0 (use .inf in YAML for the exponential map)")
         if not (0 < self.geonorm_clamp <= math.pi):
             bad("norm.clamp", self.geonorm_clamp, "must be in (0, pi]")
+        if self.decay_index not in DECAY_INDICES:
+            bad("norm.decay_index", self.decay_index, f"valid: {', '.join(DECAY_INDICES)}")
+        for key, v in (("model.tie_embeddings", self.tie_embeddings), ("norm.learn_radius", self.learn_radius)):
+            if not isinstance(v, bool):
+                bad(key, v, "must be true or false")
+        if not (isinstance(self.alpha_init, (int, float)) and 0 < self.alpha_init < math.inf):
+            bad("norm.alpha_init", self.alpha_init, "must be a finite number > 0 (softplus(rho) at init)")
+        if not (isinstance(self.a_init, (int, float)) and math.isfinite(self.a_init)):
+            bad("norm.a_init", self.a_init, "must be a finite number")
         if not (self.norm_eps >= 0):
             bad("norm.eps", self.norm_eps, "must be >= 0")
 
@@ -130,10 +146,13 @@ class GPTConfig:
         norm_keys = {"name": "norm", "kind": "norm_kind", "eps": "norm_eps", "decay": "decay", "p": "p",
                      "clamp": "geonorm_clamp", "embed_norm": "embed_norm", "final_norm": "final_norm",
                      "first_layer": "keel_first_layer", "alpha_attn": "dyt_alpha_attn",
-                     "alpha_other": "dyt_alpha_other", "deepnorm_init": "deepnorm_init"}
+                     "alpha_other": "dyt_alpha_other", "deepnorm_init": "deepnorm_init",
+                     "learn_radius": "learn_radius", "decay_index": "decay_index", "alpha_init": "alpha_init",
+                     "a_init": "a_init"}
         unknown = sorted(set(n) - set(norm_keys))
         if unknown:
             raise ConfigError(f"unknown norm key(s) {unknown}: valid keys are {sorted(norm_keys)}")
         kw = {norm_keys[k]: v for k, v in n.items()}
         return cls(vocab_size=int(vs), block_size=m["block_size"], n_layer=m["n_layer"], n_head=m["n_head"],
-                   n_embd=m["n_embd"], dropout=float(m.get("dropout", 0.0)), bias=bool(m.get("bias", True)), **kw)
+                   n_embd=m["n_embd"], dropout=float(m.get("dropout", 0.0)), bias=bool(m.get("bias", True)),
+                   tie_embeddings=m.get("tie_embeddings", True), **kw)

@@ -6,7 +6,7 @@ rule), and the GPT (embeddings -> input step -> blocks -> output step -> tied LM
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -14,6 +14,9 @@ import torch.nn.functional as F
 
 from .config import GPTConfig
 from .variants import Variant, get_variant
+
+# Optimizer parameter groups (trainer/optim.py gives each its own lr multiplier and weight decay).
+PARAM_GROUPS = ("matrices", "embeddings", "vectors", "scalars")
 
 
 class KVCache:
@@ -121,7 +124,8 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i, variant) for i in range(config.n_layer))  # 2. rules
         self.output_step = variant.output_step(config)      # 3. output step
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.wte.weight = self.lm_head.weight               # weight tying, as GPT-2
+        if config.tie_embeddings:
+            self.wte.weight = self.lm_head.weight           # weight tying, as GPT-2
 
         # nanoGPT init: N(0, 0.02), zero biases, residual projections N(0, 0.02/sqrt(2N))
         self.apply(self._init_weights)
@@ -174,10 +178,39 @@ class GPT(nn.Module):
         return cache
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count; like nanoGPT, position embeddings are excluded by default (the token
-        embedding is tied to the LM head, so it counts as a weight)."""
+        """Parameter count; like nanoGPT, embeddings are excluded by default: the position embedding,
+        and the token embedding when untied (tied, it is the LM head's weight and counts as one)."""
         n = sum(p.numel() for p in self.parameters())
-        return n - self.wpe.weight.numel() if non_embedding else n
+        if non_embedding:
+            n -= self.wpe.weight.numel() + (0 if self.config.tie_embeddings else self.wte.weight.numel())
+        return n
+
+    def parameter_groups(self) -> Dict[str, List[Tuple[str, nn.Parameter]]]:
+        """Every trainable parameter in exactly one optimizer group of PARAM_GROUPS:
+        matrices (attention/MLP weights), embeddings (token, position, and the head when untied),
+        vectors (norm gains and biases, linear biases), scalars (learned step sizes and gates).
+
+        Linear and Embedding layers are classified here; any other module declares its parameters
+        in a class attribute `optim_groups = {param_name: group}` (see model/norms.py, variants.py),
+        so a new variant states its groups next to its parameters. An undeclared parameter is a bug."""
+        groups: Dict[str, List[Tuple[str, nn.Parameter]]] = {g: [] for g in PARAM_GROUPS}
+        seen = set()
+        for mname, module in self.named_modules():
+            for pname, p in module.named_parameters(recurse=False):
+                if id(p) in seen or not p.requires_grad:
+                    continue  # a tied weight belongs to the module that registered it first (wte)
+                seen.add(id(p))
+                if isinstance(module, nn.Embedding) or module is self.lm_head:
+                    group = "embeddings"
+                elif isinstance(module, nn.Linear):
+                    group = "matrices" if pname == "weight" else "vectors"
+                else:
+                    group = getattr(module, "optim_groups", {}).get(pname)
+                if group not in PARAM_GROUPS:
+                    raise TypeError(f"{type(module).__name__}.{pname} has no optimizer group: declare it in "
+                                    f"{type(module).__name__}.optim_groups (one of {', '.join(PARAM_GROUPS)})")
+                groups[group].append((f"{mname}.{pname}" if mname else pname, p))
+        return groups
 
     def block_modules(self) -> List[nn.Module]:
         return list(self.blocks)

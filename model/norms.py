@@ -13,6 +13,8 @@ from .config import GPTConfig
 class LayerNorm(nn.Module):
     """LayerNorm with learnable gain and optional bias (nanoGPT's `bias` switch)."""
 
+    optim_groups = {"weight": "vectors", "bias": "vectors"}  # see GPT.parameter_groups
+
     def __init__(self, dim: int, eps: float, bias: bool = True):
         super().__init__()
         self.eps = eps
@@ -26,6 +28,8 @@ class LayerNorm(nn.Module):
 class RMSNorm(nn.Module):
     """RMSNorm with learnable gain, no bias."""
 
+    optim_groups = {"weight": "vectors"}
+
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.eps = eps
@@ -38,6 +42,8 @@ class RMSNorm(nn.Module):
 class DyT(nn.Module):
     """Dynamic Tanh (Zhu et al., arXiv 2503.10622): gamma * tanh(alpha * x) + beta; alpha a learnable scalar."""
 
+    optim_groups = {"alpha": "scalars", "weight": "vectors", "bias": "vectors"}
+
     def __init__(self, dim: int, alpha_init: float):
         super().__init__()
         self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
@@ -49,15 +55,21 @@ class DyT(nn.Module):
 
 
 class ScaleNorm(nn.Module):
-    """Modified ScaleNorm (SpheretNorm's input step): g * sqrt(d) * e / ||e||, learnable scalar g (init 1).
+    """Modified ScaleNorm (SpheretNorm's input step): g * sqrt(d) * e / ||e||, scalar g (init 1).
 
     Puts every token on the sphere of radius sqrt(d), where the sphere-family updates keep it.
+    `learnable=False` (`norm.learn_radius=false`) fixes g = 1: every token then has norm sqrt(d) exactly.
     """
 
-    def __init__(self, dim: int):
+    optim_groups = {"g": "scalars"}
+
+    def __init__(self, dim: int, learnable: bool = True):
         super().__init__()
         self.radius = math.sqrt(dim)
-        self.g = nn.Parameter(torch.tensor(1.0))
+        if learnable:
+            self.g = nn.Parameter(torch.tensor(1.0))
+        else:
+            self.register_buffer("g", torch.tensor(1.0))
 
     def forward(self, x):
         x32 = x.float()
@@ -77,5 +89,5 @@ def make_input_step(cfg: GPTConfig) -> nn.Module:
     if cfg.embed_norm == "layer":
         return make_norm(cfg)
     if cfg.embed_norm == "scalenorm":
-        return ScaleNorm(cfg.n_embd)
+        return ScaleNorm(cfg.n_embd, learnable=cfg.learn_radius)
     return nn.Identity()

@@ -216,7 +216,10 @@ class _SphereVariant(Variant):
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
-        self.lam = decay_factor(cfg.decay, self.k, cfg.n_layer)
+        # lambda indexed by block k of N (default, attention and MLP of a block share it) or by
+        # sublayer j+1 of 2N (`norm.decay_index=sublayer`): the papers do not say which [choice].
+        idx, n = (self.k, cfg.n_layer) if cfg.decay_index == "block" else (j + 1, 2 * cfg.n_layer)
+        self.lam = decay_factor(cfg.decay, idx, n)
         self.track = False                       # the monitor turns this on at stats steps
         self.last_theta: Optional[torch.Tensor] = None
 
@@ -239,14 +242,15 @@ class GeoNorm(_SphereVariant):
     """GeoNorm (Zheng et al., arXiv 2601.22095, Eq. 3-5 and Appendix D): h = e [choice];
     v = s - (<s,h>/||h||^2) h;  theta0 = min(c, ||v||/||h||);  theta = min(c, (a*theta0 + b)*lambda_k);
     h <- cos(theta) h + sin(theta) ||h|| v/||v||;  output Norm(h) [choice].
-    a (init 1) and b (init 0) are learnable float scalars per sublayer; lambda_k from `norm.decay`."""
+    a (init `norm.a_init`, 1) and b (init 0) are learnable float scalars per sublayer; lambda_k from `norm.decay`."""
 
     default_decay = "harmonic"
+    optim_groups = {"a": "scalars", "b": "scalars"}
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         self.clamp = cfg.geonorm_clamp
-        self.a = nn.Parameter(torch.tensor(1.0))
+        self.a = nn.Parameter(torch.tensor(float(cfg.a_init)))
         self.b = nn.Parameter(torch.tensor(0.0))
 
     def angle_params(self):
@@ -266,16 +270,17 @@ class SpheretNorm(_SphereVariant):
     input step ScaleNorm h = g sqrt(d) e/||e||;  z = s - (<s,h>/||h||^2) h;
     beta = alpha_k lambda_k ||z||/||h||;  theta = p atan(beta/p) (theta = beta for p = inf);
     h <- cos(theta) h + sin(theta) ||h|| z/||z||;  output Norm(h) [choice].
-    alpha_k = softplus(rho) per sublayer, initialised to 1; lambda_k = 1/sqrt(k) by default."""
+    alpha_k = softplus(rho) per sublayer, initialised to `norm.alpha_init` (1); lambda_k = 1/sqrt(k) by default."""
 
     default_decay = "sqrt"
     default_embed_norm = "scalenorm"
-    _RHO_INIT = math.log(math.e - 1.0)  # softplus(rho) = 1
+    optim_groups = {"rho": "scalars"}
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         self.p = cfg.p
-        self.rho = nn.Parameter(torch.tensor(self._RHO_INIT))
+        rho0 = math.log(math.expm1(cfg.alpha_init))  # inverse softplus: softplus(rho0) = alpha_init
+        self.rho = nn.Parameter(torch.tensor(rho0))
 
     def angle_params(self):
         return (self.rho,)

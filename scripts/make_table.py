@@ -3,10 +3,17 @@ paper's numbers beside ours. Markdown and LaTeX.
 
     python scripts/make_table.py runs/<sweep> [more run dirs] [--paper-setting NAME]
                                  [--format md|latex|both] [--out docs/table.md] [--group-by norm.decay]
+                                 [--best-over optim.lr]
 
 The paper column appears when the runs' experiment_meta.paper_setting (or --paper-setting) names a
-setting of scripts/paper_results.yaml. Diverged runs (summary.diverged, or a non-finite final loss)
-are counted and left out of the mean; unfinished runs use their last eval and are marked.
+setting of scripts/paper_results.yaml. Failed runs (diverged: summary.diverged or a non-finite final
+loss; or a final validation loss above the initial one) are counted and left out of the mean;
+unfinished runs use their last eval and are marked.
+
+--best-over KEY (any swept config key, e.g. optim.lr after `sweep.py --grid optim.lr=...`): one row
+per variant (the sweep label without that axis) at its best value of KEY, by mean final validation
+loss over the seeds every value was run with; the row shows the chosen value, the mean ± std over
+all seeds at it, and each value's mean beside it.
 """
 from __future__ import annotations
 
@@ -36,7 +43,7 @@ def build_rows(groups: dict[str, list[runlib.Run]], paper: dict | None) -> list[
             labels = runlib.sort_labels(labels)
     for label in labels:
         runs = groups.get(label, [])
-        ok = [r for r in runs if not r.diverged and r.final_val_loss is not None]
+        ok = [r for r in runs if not r.failed and r.final_val_loss is not None]
         loss_m, loss_s = mean_std([r.final_val_loss for r in ok])
         ppl_m, ppl_s = mean_std([r.final_val_ppl for r in ok])
         rows.append({
@@ -45,6 +52,7 @@ def build_rows(groups: dict[str, list[runlib.Run]], paper: dict | None) -> list[
             "spikes_loss": sum(r.spike_count("loss") for r in runs),
             "spikes_grad_norm": sum(r.spike_count("grad_norm") for r in runs),
             "diverged": sum(r.diverged for r in runs),
+            "failed": sum(r.failed for r in runs),
             "unfinished": sum(not r.finished for r in runs),
             "paper_value": (paper or {}).get("values", {}).get(label),
             "paper_note": (paper or {}).get("notes", {}).get(label),
@@ -64,14 +72,19 @@ def _cells(row: dict, paper: dict | None, pm: str, dagger: str) -> list[str]:
     if row["n"] == 0:
         loss = ppl = "not run"
     elif row["loss_mean"] is None:
-        loss = ppl = "diverged" if row["diverged"] else "—"
+        loss = ppl = "diverged" if row["diverged"] else ("failed" if row["failed"] else "—")
     else:
-        mark = (dagger if row["diverged"] else "") + ("*" if row["unfinished"] else "")
+        mark = (dagger if row["failed"] else "") + ("*" if row["unfinished"] else "")
         loss = _num(row["loss_mean"], row["loss_std"], 4, pm) + mark
         ppl = _num(row["ppl_mean"], row["ppl_std"], 2, pm) + mark
     div = f"{row['diverged']}/{row['n']}" if row["n"] else "—"
+    fail = f"{row['failed']}/{row['n']}" if row["n"] else "—"
     cells = [row["label"], str(row["n"]), loss, ppl,
-             f"{row['spikes_loss']} / {row['spikes_grad_norm']}" if row["n"] else "—", div]
+             f"{row['spikes_loss']} / {row['spikes_grad_norm']}" if row["n"] else "—", div, fail]
+    if "best_value" in row:
+        cells[1:1] = ["—" if row["best_value"] is None else _fmt_value(row["best_value"]),
+                      ", ".join(f"{_fmt_value(v)}: " + ("failed" if not math.isfinite(x) else f"{x:.4f}")
+                                for v, x in sorted(row["by_value"].items(), key=lambda kv: _sort_key(kv[0])))]
     if paper is not None:
         digits = 2 if paper.get("metric") == "val_ppl" else 4
         v = row["paper_value"]
@@ -82,17 +95,42 @@ def _cells(row: dict, paper: dict | None, pm: str, dagger: str) -> list[str]:
     return cells
 
 
-def _header(paper: dict | None) -> list[str]:
-    h = ["variant", "seeds", "final val loss", "val ppl", "spikes loss / grad", "diverged"]
+def _fmt_value(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _sort_key(v):
+    return (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
+
+
+def best_rows(runs: list[runlib.Run], key: str, order: list[str], paper: dict | None) -> list[dict]:
+    """Rows of --best-over KEY: each row's runs at its best value of KEY (runlib.best_over)."""
+    groups: dict[str, list[runlib.Run]] = {}
+    for r in runs:
+        groups.setdefault(runlib.label_without(r, key), []).append(r)
+    groups = {k: groups[k] for k in runlib.sort_labels(groups, order)}
+    best = runlib.best_over(groups, key)
+    rows = build_rows({label: b["runs"] for label, b in best.items()}, paper)
+    for row in rows:  # rows of paper variants we did not run have no best value
+        b = best.get(row["label"], {})
+        row["best_value"], row["by_value"] = b.get("value"), b.get("by_value", {})
+    return rows
+
+
+def _header(paper: dict | None, best_over: str | None = None) -> list[str]:
+    h = ["variant", "seeds", "final val loss", "val ppl", "spikes loss / grad", "diverged", "failed"]
+    if best_over:
+        h[1:1] = [f"best {best_over}", f"{best_over}: mean loss (common seeds)"]
     if paper is not None:
         h.append(f"paper ({'val ppl' if paper.get('metric') == 'val_ppl' else 'val loss'})")
     return h
 
 
 def _footnotes(rows: list[dict], paper: dict | None, setting: str | None) -> list[str]:
-    notes = ["mean ± std over seeds (std needs ≥ 2 seeds); spikes summed over seeds."]
-    if any(r["diverged"] and r["loss_mean"] is not None for r in rows):
-        notes.append("† some seeds diverged; the mean is over the others.")
+    notes = ["mean ± std over seeds (std needs ≥ 2 seeds); spikes summed over seeds. "
+             "failed = diverged, or final val loss above the initial one."]
+    if any(r["failed"] and r["loss_mean"] is not None for r in rows):
+        notes.append("† some seeds failed; the mean is over the others.")
     if any(r["unfinished"] for r in rows):
         notes.append("* some runs had not finished; their last evaluation is used.")
     if paper is not None:
@@ -100,8 +138,9 @@ def _footnotes(rows: list[dict], paper: dict | None, setting: str | None) -> lis
     return notes
 
 
-def to_markdown(rows: list[dict], paper: dict | None, setting: str | None, title: str | None) -> str:
-    h = _header(paper)
+def to_markdown(rows: list[dict], paper: dict | None, setting: str | None, title: str | None,
+                best_over: str | None = None) -> str:
+    h = _header(paper, best_over)
     lines = [f"**{title}**", ""] if title else []
     lines += ["| " + " | ".join(h) + " |", "|" + "|".join("---" for _ in h) + "|"]
     lines += ["| " + " | ".join(_cells(r, paper, " ± ", "†")) + " |" for r in rows]
@@ -116,8 +155,9 @@ def _tex(s: str) -> str:
     return s
 
 
-def to_latex(rows: list[dict], paper: dict | None, setting: str | None, title: str | None) -> str:
-    h = _header(paper)
+def to_latex(rows: list[dict], paper: dict | None, setting: str | None, title: str | None,
+             best_over: str | None = None) -> str:
+    h = _header(paper, best_over)
     out = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{l" + "r" * (len(h) - 1) + "}",
            r"\toprule", " & ".join(_tex(x) for x in h) + r" \\", r"\midrule"]
     out += [" & ".join(_tex(c) for c in _cells(r, paper, " ± ", "†")) + r" \\" for r in rows]
@@ -136,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write here (.md; LaTeX goes to the same stem + .tex) instead of stdout")
     ap.add_argument("--group-by", default="", help="extra config keys that split rows, e.g. norm.decay")
     ap.add_argument("--title", help="table title")
+    ap.add_argument("--best-over", metavar="KEY", help="per variant, the best value of this swept config key")
     args = ap.parse_args(argv)
 
     group_by = [k for k in args.group_by.split(",") if k]
@@ -145,14 +186,17 @@ def main(argv: list[str] | None = None) -> int:
     if setting == "none":
         setting = None
     paper = runlib.load_paper(setting)
-    rows = build_rows(runlib.group_runs(runs, runlib.label_order(meta)), paper)
+    if args.best_over:
+        rows = best_rows(runs, args.best_over, runlib.label_order(meta), paper)
+    else:
+        rows = build_rows(runlib.group_runs(runs, runlib.label_order(meta)), paper)
     title = args.title or meta.get("name")
 
     outputs = []
     if args.format in ("md", "both"):
-        outputs.append((".md", to_markdown(rows, paper, setting, title)))
+        outputs.append((".md", to_markdown(rows, paper, setting, title, args.best_over)))
     if args.format in ("latex", "both"):
-        outputs.append((".tex", to_latex(rows, paper, setting, title)))
+        outputs.append((".tex", to_latex(rows, paper, setting, title, args.best_over)))
     for suffix, text in outputs:
         if args.out:
             dest = Path(args.out).with_suffix(suffix)

@@ -1,7 +1,7 @@
 """Reading run directories for plot_curves.py and make_table.py (one job: runs -> labelled records).
 
-A run directory holds `config.yaml` (resolved Hydra config) and `metrics.jsonl` (CONTRACTS.md
-"metrics.jsonl contract"). Runs are grouped by a label: the point label sweep.py recorded in the
+A run directory holds `config.yaml` (resolved Hydra config) and `metrics.jsonl` (schema in the
+README, "Metrics"). Runs are grouped by a label: the point label sweep.py recorded in the
 sweep's `sweep.json`, else the matching `experiment_meta.points` entry of the run's config, else
 `norm.name`, plus any `--group-by` keys.
 """
@@ -18,7 +18,7 @@ import yaml
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.yaml"
 # Canonical row order for tables and legends (then anything else, alphabetically).
 VARIANT_ORDER = ["pre_ln", "post_ln", "deepnorm", "sandwich", "peri_ln", "keel", "pre_dyt",
-                 "geonorm", "spheret", "proj_spheret", "cay_spheret"]
+                 "geonorm", "spheret", "proj_spheret", "cay_spheret", "lns", "mix_ln"]
 
 
 @dataclass
@@ -32,6 +32,8 @@ class Run:
     spikes: list = field(default_factory=list)
     stats: list = field(default_factory=list)
     summary: dict | None = None
+    base: str = ""                               # sweep point label before its --grid axes
+    axes: dict = field(default_factory=dict)     # the --grid axes' values of this point
 
     @property
     def finished(self) -> bool:
@@ -44,6 +46,19 @@ class Run:
         last = self.final_val_loss
         # A run that stopped with a non-finite loss diverged, whatever its summary says.
         return last is not None and not math.isfinite(last)
+
+    @property
+    def initial_val_loss(self) -> float | None:
+        """The first evaluation's loss (step 0: the initialised model)."""
+        return float(self.evals[0]["val_loss"]) if self.evals else None
+
+    @property
+    def failed(self) -> bool:
+        """Diverged, or ended with a validation loss above its initial one (it trained backwards)."""
+        if self.diverged:
+            return True
+        first, last = self.initial_val_loss, self.final_val_loss
+        return first is not None and last is not None and len(self.evals) > 1 and last > first
 
     @property
     def final_val_loss(self) -> float | None:
@@ -128,14 +143,14 @@ def _load_config(run_dir: Path) -> dict:
     return {}
 
 
-def _sweep_labels(run_dir: Path) -> dict[str, str]:
-    """Labels sweep.py recorded for the run dirs of a sweep (parent dir's sweep.json)."""
+def _sweep_point(run_dir: Path) -> dict:
+    """The point sweep.py recorded for this run dir (parent dir's sweep.json), or {}."""
     p = run_dir.parent / "sweep.json"
     if not p.is_file():
         return {}
     with open(p) as f:
         manifest = json.load(f)
-    return {pt["dir"]: pt["label"] for pt in manifest.get("points", [])}
+    return next((pt for pt in manifest.get("points", []) if pt.get("dir") == run_dir.name), {})
 
 
 def _point_label(cfg: dict) -> str | None:
@@ -168,7 +183,8 @@ def load_run(run_dir: Path, group_by: Iterable[str] = ()) -> Run:
     cfg = _load_config(run_dir)
     m = read_metrics(run_dir / "metrics.jsonl")
     summary = m["summary"][-1] if m["summary"] else None
-    label = _sweep_labels(run_dir).get(run_dir.name) or _point_label(cfg)
+    point = _sweep_point(run_dir)
+    label = point.get("label") or _point_label(cfg)
     if label is None:
         label = get_key(cfg, "norm.name") or (summary or {}).get("norm") or run_dir.name
     extra = [f"{k.split('.')[-1]}={_fmt(get_key(cfg, k))}" for k in group_by]
@@ -176,7 +192,8 @@ def load_run(run_dir: Path, group_by: Iterable[str] = ()) -> Run:
         label = f"{label} ({', '.join(extra)})"
     seed = get_key(cfg, "train.seed", (summary or {}).get("seed"))
     return Run(path=run_dir, config=cfg, label=label, seed=seed, train=m["train"], evals=m["eval"],
-               spikes=m["spike"], stats=m["stats"], summary=summary)
+               spikes=m["spike"], stats=m["stats"], summary=summary, base=point.get("base", label),
+               axes=dict(point.get("axes") or {}))
 
 
 def find_runs(paths: Iterable[str | Path]) -> list[Path]:
@@ -208,6 +225,40 @@ def sort_labels(labels: Iterable[str], order: list[str] | None = None) -> list[s
         base = label.split(" (")[0]
         return (order.index(base) if base in order else len(order), label)
     return sorted(labels, key=key)
+
+
+def best_over(groups: dict[str, list[Run]], key: str) -> dict[str, dict]:
+    """For each group of runs (rows of a table), the value of config `key` with the lowest mean final
+    validation loss. The choice uses the seeds every value was run with (so a value that got extra
+    seeds after it was chosen is not favoured by them); failed runs count as +inf.
+    Returns label -> {value, runs (all seeds at that value), by_value: value -> mean over common seeds}."""
+    out = {}
+    for label, runs in groups.items():
+        by_val: dict[Any, list[Run]] = {}
+        for r in runs:
+            by_val.setdefault(_hashable(get_key(r.config, key)), []).append(r)
+        common = set.intersection(*({str(r.seed) for r in rs} for rs in by_val.values()))
+
+        def score(rs: list[Run]) -> float:
+            xs = [math.inf if r.failed or r.final_val_loss is None else r.final_val_loss
+                  for r in rs if not common or str(r.seed) in common]
+            return sum(xs) / len(xs) if xs else math.inf
+        scores = {v: score(rs) for v, rs in by_val.items()}
+        best = min(scores, key=lambda v: (scores[v], str(v)))
+        out[label] = {"value": best, "runs": by_val[best], "by_value": scores}
+    return out
+
+
+def _hashable(v: Any) -> Any:
+    return tuple(v) if isinstance(v, list) else v
+
+
+def label_without(run: Run, key: str) -> str:
+    """The run's label with the sweep's `--grid` axis of `key` left out (the row that `--best-over key`
+    chooses within); runs not made by a grid over `key` keep their label."""
+    if key not in run.axes:
+        return run.label
+    return run.base + "".join(f"-{k.split('.')[-1]}-{v}" for k, v in run.axes.items() if k != key)
 
 
 def experiment_meta(runs: list[Run]) -> dict:

@@ -1,13 +1,16 @@
 """Run a grid of training runs: variants x seeds x any other override, one train.py job per point.
 
     python scripts/sweep.py --experiment geonorm_125m_books3_512 --nproc 8           # local, in turn
-    python scripts/sweep.py --experiment cpu_study_a --seeds 0,1 --dry-run           # print commands
+    python scripts/sweep.py --experiment cpu_study --seeds 0,1 --dry-run             # print commands
+    python scripts/sweep.py --experiment fidelity --grid optim.lr=3e-4,1e-3,3e-3 --jobs 2 -- train.threads=1
     python scripts/sweep.py --name lr_scan --grid norm=pre_ln,geonorm optim.lr=3e-4,6e-4,1e-3 \
         -- model=tiny train.max_steps=200                                            # fixed overrides after --
     python scripts/sweep.py --experiment spheret_fineweb_edu_24l --nproc 8 --slurm [--submit]
 
 Points come from the experiment file's `experiment_meta` (`variants` or labelled `points`, and
-`seeds`); `--grid key=v1,v2` adds an axis (a `norm` or `train.seed` axis replaces the experiment's).
+`seeds`), or from `--points FILE.yaml` (label -> {key: value}); `--grid key=v1,v2` adds an axis (a
+`norm` or `train.seed` axis replaces the experiment's). `--jobs N` runs N points at once (CPU studies:
+add `train.threads=1` so they do not oversubscribe the cores).
 Each point runs in `<runs-root>/<sweep>/<label>-s<seed>` with wandb group `<sweep>`; a point whose
 metrics.jsonl ends with a `summary` line is skipped, any other is (re)started with train.resume=auto,
 which resumes from its latest checkpoint (or starts over, if the point died before its first one). `<runs-root>/<sweep>/sweep.json` records each point's
@@ -24,6 +27,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -88,7 +92,19 @@ def load_meta(name: str) -> dict:
     return meta
 
 
-def build_points(meta: dict, grid: list[str], seeds: str | None, variants: str | None) -> list[dict]:
+def load_points(path: str) -> dict:
+    try:
+        with open(path) as f:
+            points = yaml.safe_load(f)
+    except OSError as e:
+        raise SystemExit(f"--points {path}: {e.strerror}")
+    if not isinstance(points, dict) or not all(isinstance(v, (dict, type(None))) for v in points.values()):
+        raise SystemExit(f"--points {path}: expected a mapping label -> {{key: value}}")
+    return points
+
+
+def build_points(meta: dict, grid: list[str], seeds: str | None, variants: str | None,
+                 points_file: str | None = None) -> list[dict]:
     """The grid as a list of {label, seed, overrides (ordered list of 'k=v')}."""
     # Axis of (label, overrides) for the variants/points.
     if meta.get("points"):
@@ -103,6 +119,9 @@ def build_points(meta: dict, grid: list[str], seeds: str | None, variants: str |
     extra_seeds = {str(k): [str(s) for s in v] for k, v in (meta.get("extra_seeds") or {}).items()}
     if variants:
         base = [(v, [f"norm={v}"]) for v in split_values(variants)]
+    if points_file:
+        base = [(lbl, [f"{k}={fmt_value(v)}" for k, v in (ovr or {}).items()])
+                for lbl, ovr in load_points(points_file).items()]
     if seeds:  # explicit seeds replace both seeds and extra_seeds
         seed_list, extra_seeds = split_values(seeds), {}
     extra_axes: list[list[tuple[str, str]]] = []
@@ -124,7 +143,7 @@ def build_points(meta: dict, grid: list[str], seeds: str | None, variants: str |
         full_label = label + "".join(f"-{slug(k.split('.')[-1])}-{slug(v)}" for k, v in extras)
         more = [s for s in extra_seeds.get(label, []) if s not in seed_list]
         for seed in seed_list + more:
-            points.append({"label": full_label, "seed": seed,
+            points.append({"label": full_label, "seed": seed, "base": label, "axes": dict(extras),
                            "overrides": ovr + [f"{k}={v}" for k, v in extras],
                            "dir": f"{slug(full_label)}-s{slug(seed)}"})
     # Every point's first seed before any second seed: a study stopped half-way still covers all points.
@@ -179,6 +198,36 @@ def sbatch_script(jobs: list[tuple[dict, list[str]]], args, sweep_dir: Path, swe
     return "\n".join(lines) + "\n"
 
 
+def run_local(jobs: list[tuple[dict, list[str]]], n_jobs: int, sweep_dir: Path, stop_on_error: bool) -> list[str]:
+    """Run the points, `n_jobs` at a time; returns the failed points' dirs. With several jobs each
+    point's output goes to <run dir>/sweep.log instead of the console."""
+    failed: list[str] = []
+    queue, running = list(enumerate(jobs)), []
+    while queue or running:
+        while queue and len(running) < n_jobs and not (failed and stop_on_error):
+            i, (p, cmd) = queue.pop(0)
+            print(f"\n=== [{i + 1}/{len(jobs)}] {p['dir']} ===\n{shlex.join(cmd)}", flush=True)
+            log = None
+            if n_jobs > 1:
+                (sweep_dir / p["dir"]).mkdir(parents=True, exist_ok=True)
+                log = open(sweep_dir / p["dir"] / "sweep.log", "a")
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT if log else None)
+            running.append((i, p, proc, log))
+        if not running:
+            break  # stop_on_error with nothing left running
+        time.sleep(0.2)
+        for item in [r for r in running if r[2].poll() is not None]:
+            i, p, proc, log = item
+            running.remove(item)
+            if log:
+                log.close()
+            rc = proc.returncode
+            print(f"# [{i + 1}/{len(jobs)}] {p['dir']}: " + ("done" if rc == 0 else f"failed (exit {rc})"), flush=True)
+            if rc != 0:
+                failed.append(p["dir"])
+    return failed
+
+
 def write_manifest(sweep_dir: Path, sweep: str, args, points: list[dict]) -> None:
     path = sweep_dir / "sweep.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
@@ -198,9 +247,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--name", help="sweep name (run dir and wandb group; default: the experiment name)")
     ap.add_argument("--grid", nargs="+", default=[], metavar="KEY=V1,V2",
                     help="grid axes; norm=... and train.seed=... replace the experiment's variants/seeds")
+    ap.add_argument("--tune-lr", action="store_true",
+                    help="add an optim.lr axis with the experiment's recommended experiment_meta.lr_grid")
     ap.add_argument("--seeds", help="comma list, replaces experiment_meta.seeds")
     ap.add_argument("--variants", help="comma list of norm names, replaces the experiment's variants/points")
+    ap.add_argument("--points", help="YAML file label -> {key: value}: replaces the experiment's points")
     ap.add_argument("--only", help="comma list of point labels to keep (e.g. rerun one variant)")
+    ap.add_argument("--jobs", type=int, default=1, help="local points run at once (default 1: in turn)")
     ap.add_argument("--nproc", type=int, default=1, help="processes (GPUs) per point: torchrun when > 1")
     ap.add_argument("--runs-root", default="runs", help="sweeps live in <runs-root>/<sweep>/")
     ap.add_argument("--python", default=sys.executable, help="python for single-process points")
@@ -218,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.nproc < 1:
         raise SystemExit(f"--nproc={args.nproc}: must be >= 1")
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs={args.jobs}: must be >= 1")
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         raise SystemExit(f"override {bad[0]!r}: expected key=value")
@@ -230,7 +285,12 @@ def main(argv: list[str] | None = None) -> int:
     for key, why in (meta.get("requires") or {}).items():
         if key not in given:
             raise SystemExit(f"experiment {args.experiment} needs {key}: {why}")
-    points = build_points(meta, args.grid, args.seeds, args.variants)
+    if args.tune_lr:
+        if not meta.get("lr_grid"):
+            raise SystemExit(f"--tune-lr: experiment {args.experiment!r} has no experiment_meta.lr_grid; "
+                             "give the values with --grid optim.lr=v1,v2,...")
+        args.grid = list(args.grid) + ["optim.lr=" + ",".join(fmt_value(v) for v in meta["lr_grid"])]
+    points = build_points(meta, args.grid, args.seeds, args.variants, args.points)
     if args.only:
         keep = set(split_values(args.only))
         points = [p for p in points if p["label"] in keep]
@@ -271,15 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     write_manifest(sweep_dir, sweep, args, points)
-    failed = []
-    for i, (p, cmd) in enumerate(jobs):
-        print(f"\n=== [{i + 1}/{len(jobs)}] {p['dir']} ===\n{shlex.join(cmd)}", flush=True)
-        rc = subprocess.run(cmd, check=False).returncode
-        if rc != 0:
-            failed.append(p["dir"])
-            print(f"# point {p['dir']} failed (exit {rc})", flush=True)
-            if args.stop_on_error:
-                break
+    failed = run_local(jobs, args.jobs, sweep_dir, args.stop_on_error)
     if failed:
         print(f"# {len(failed)} point(s) failed: {', '.join(failed)}; rerun the same command to resume them")
         return 1

@@ -272,12 +272,13 @@ def test_every_experiment_config_composes() -> None:
             # one rank, no accumulation remainder
             assert rc.train.batch_tokens % (rc.train.micro_batch_size * cfg.model.block_size) == 0, name
             points = dict(meta.points) if "points" in meta else {v: {"norm": v} for v in meta.variants}
-            for label, ovr in points.items():
-                norm = OmegaConf.load(CONFIGS / "norm" / f"{ovr['norm']}.yaml")
+            for label, ovr in points.items():  # each point as sweep.py passes it: Hydra overrides
+                pc = OmegaConf.merge(cfg, {"norm": OmegaConf.load(CONFIGS / "norm" / f"{ovr['norm']}.yaml")})
                 for k, v in ovr.items():
                     if k != "norm":
-                        OmegaConf.update(norm, k.split(".", 1)[1], v)
-                GPTConfig.from_hydra(cfg.model, norm, vocab_size=257)  # raises on a bad point
+                        OmegaConf.update(pc, k, v, force_add=False)
+                GPTConfig.from_hydra(pc.model, pc.norm, vocab_size=257)  # raises on a bad point
+                parse_run_config(pc)
             data = OmegaConf.to_container(cfg.data, resolve=True)
             if data["name"].startswith("pile_"):
                 with pytest.raises(DataError, match="data.files"):  # no user path: one clear line
@@ -324,3 +325,121 @@ d = Path(kv["out_dir"]); d.mkdir(parents=True, exist_ok=True)
     (tmp_path / "fixed").touch()
     assert sweep.main(argv) == 0
     assert calls.read_text().split()[3:] == ["post_ln-s0"]  # only the unfinished point ran again
+
+
+def test_sweep_jobs_run_points_concurrently_with_points_file(tmp_path: Path) -> None:
+    """--jobs 2 overlaps two points (each stand-in waits until both have started); --points gives
+    labelled overrides; each point's output goes to its run dir's sweep.log."""
+    stub = tmp_path / "fakepython"
+    stub.write_text(f"""#!{sys.executable}
+import json, sys, time
+from pathlib import Path
+kv = dict(a.split("=", 1) for a in sys.argv[2:])
+d = Path(kv["out_dir"]); d.mkdir(parents=True, exist_ok=True)
+(d / "started").touch()
+others = [p for p in d.parent.glob("*/started") if p.parent != d]
+t0 = time.time()
+while not others and time.time() - t0 < 20:
+    time.sleep(0.05)
+    others = [p for p in d.parent.glob("*/started") if p.parent != d]
+print("lr", kv["optim.lr"], "overlapped", bool(others))
+(d / "metrics.jsonl").write_text(json.dumps({{"kind": "summary", "step": 1, "tokens": 1, "final_val_loss": 2.0}}) + "\\n")
+""")
+    stub.chmod(0o755)
+    pts = tmp_path / "points.yaml"
+    pts.write_text("fast: {norm: pre_ln, optim.lr: 0.003}\nslow: {norm: geonorm, optim.lr: 0.0003}\n")
+    argv = ["--name", "j", "--points", str(pts), "--jobs", "2", "--runs-root", str(tmp_path), "--python", str(stub)]
+    assert sweep.main(argv) == 0
+    for d, lr in (("fast-s0", "0.003"), ("slow-s0", "0.0003")):
+        assert (tmp_path / "j" / d / "sweep.log").read_text().strip() == f"lr {lr} overlapped True"
+    with pytest.raises(SystemExit, match="--jobs=0"):
+        sweep.main(argv[:-4] + ["--jobs", "0"])
+
+
+def test_sweep_grid_axes_recorded_for_best_over(capsys, tmp_path: Path) -> None:
+    sweep.main(["--name", "g", "--grid", "norm=pre_ln,geonorm", "optim.lr=1e-3,3e-3", "--runs-root", str(tmp_path),
+                "--python", "true"])
+    pts = json.loads((tmp_path / "g" / "sweep.json").read_text())["points"]
+    assert {(p["base"], p["axes"]["optim.lr"], p["label"]) for p in pts} == {
+        ("pre_ln", "1e-3", "pre_ln-lr-1e-3"), ("pre_ln", "3e-3", "pre_ln-lr-3e-3"),
+        ("geonorm", "1e-3", "geonorm-lr-1e-3"), ("geonorm", "3e-3", "geonorm-lr-3e-3")}
+
+
+def _lr_study(root: Path) -> Path:
+    """A synthetic `--grid optim.lr=1e-3,3e-3` sweep: pre_ln best at 1e-3 on seed 0 (with seeds 1, 2
+    added there), geonorm best at 3e-3; geonorm at 1e-3 seed 1 (not common to both lrs) is very good,
+    which must not sway the choice; one run ends above its initial loss."""
+    points = []
+    def add(label, lr, seed, final, **kw):
+        d = f"{label}-lr-{lr}-s{seed}"
+        make_run(root / d, label, seed, final, **kw)
+        cfg = yaml.safe_load((root / d / "config.yaml").read_text())
+        cfg["optim"] = {"lr": float(lr)}
+        (root / d / "config.yaml").write_text(yaml.safe_dump(cfg))
+        points.append({"label": f"{label}-lr-{lr}", "seed": str(seed), "base": label, "axes": {"optim.lr": lr},
+                       "overrides": [f"norm={label}", f"optim.lr={lr}"], "dir": d})
+    add("pre_ln", "1e-3", 0, 3.0)
+    add("pre_ln", "1e-3", 1, 3.2)
+    add("pre_ln", "1e-3", 2, 3.1)
+    add("pre_ln", "3e-3", 0, 3.3)
+    add("geonorm", "1e-3", 0, 3.4)
+    add("geonorm", "1e-3", 1, 1.0)
+    add("geonorm", "3e-3", 0, 2.9)
+    (root / "sweep.json").write_text(json.dumps({"name": "lr", "points": points}))
+    return root
+
+
+def test_best_over_picks_each_variants_best_value(tmp_path: Path, capsys) -> None:
+    root = _lr_study(tmp_path / "lr")
+    runlib = sys.modules["runlib"]
+    runs = [runlib.load_run(p) for p in runlib.find_runs([root])]
+    rows = {r["label"]: r for r in make_table.best_rows(runs, "optim.lr", [], None)}
+    assert rows["pre_ln"]["best_value"] == 1e-3 and rows["pre_ln"]["n"] == 3
+    assert rows["pre_ln"]["loss_mean"] == pytest.approx(3.15) and rows["pre_ln"]["loss_std"] == pytest.approx(0.1)
+    # geonorm: chosen on the common seed 0 (2.95 at 3e-3 beats 3.45 at 1e-3), not on seed 1's 1.05
+    assert rows["geonorm"]["best_value"] == 3e-3 and rows["geonorm"]["seeds"] == [0]
+    assert rows["geonorm"]["by_value"] == {1e-3: pytest.approx(3.45), 3e-3: pytest.approx(2.95)}
+    assert make_table.main([str(root), "--best-over", "optim.lr"]) == 0
+    md = capsys.readouterr().out
+    line = next(ln for ln in md.splitlines() if ln.startswith("| pre_ln"))
+    assert "| 0.001 |" in line and "0.001: 3.0500, 0.003: 3.3500" in line and "3.1500 ± 0.1000" in line
+
+
+def test_run_above_its_initial_loss_is_marked_failed(tmp_path: Path, capsys) -> None:
+    runlib = sys.modules["runlib"]
+    good = make_run(tmp_path / "r" / "pre_ln-s0", "pre_ln", 0, 3.0)
+    bad = make_run(tmp_path / "r" / "pre_ln-s1", "pre_ln", 1, 3.0)
+    lines = [json.loads(l) for l in (bad / "metrics.jsonl").read_text().splitlines()]
+    for rec in lines:  # training went backwards: the last evaluation is above the first
+        if rec["kind"] == "eval" and rec["step"] > 0:
+            rec["val_loss"] = 7.5
+        if rec["kind"] == "summary":
+            rec["final_val_loss"] = 7.5
+    (bad / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    runs = {r.seed: r for r in (runlib.load_run(good), runlib.load_run(bad))}
+    assert not runs[0].failed and runs[1].failed and not runs[1].diverged
+    rows = make_table.build_rows(runlib.group_runs(list(runs.values())), None)
+    assert rows[0]["failed"] == 1 and rows[0]["diverged"] == 0 and rows[0]["loss_mean"] == pytest.approx(3.05)
+    assert make_table.main([str(tmp_path / "r")]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| pre_ln"))
+    assert "3.0500†" in line and "| 0/2 | 1/2 |" in line
+
+
+def test_sweep_tune_lr_uses_the_experiments_grid(capsys, tmp_path: Path) -> None:
+    assert sweep.main(["--experiment", "geonorm_125m_arxiv_512", "--tune-lr", "--dry-run", "--runs-root", str(tmp_path),
+                       "--python", "python", "data.files=/data/arxiv/*.jsonl"]) == 0
+    out = capsys.readouterr().out
+    meta = yaml.safe_load((CONFIGS / "experiment" / "geonorm_125m_arxiv_512.yaml").read_text())["experiment_meta"]
+    for v in meta["variants"]:
+        for lr in meta["lr_grid"]:
+            assert f"{v}-lr-{lr!r}-s0" in out and f"optim.lr={lr!r}" in out
+    with pytest.raises(SystemExit, match="no experiment_meta.lr_grid"):
+        sweep.main(["--experiment", "cpu_study", "--tune-lr", "--dry-run"])
+
+
+def test_every_paper_experiment_recommends_an_lr_grid() -> None:
+    for name in EXPERIMENTS:
+        meta = yaml.safe_load((CONFIGS / "experiment" / f"{name}.yaml").read_text())["experiment_meta"]
+        if meta.get("paper_setting"):
+            grid = meta.get("lr_grid")
+            assert grid and len(grid) >= 3 and grid == sorted(grid), name

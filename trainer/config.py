@@ -63,6 +63,37 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class GroupConfig:
+    """One optimizer parameter group: lr = the schedule's lr x lr_mult; weight_decay null = optim.weight_decay."""
+    lr_mult: float = 1.0
+    weight_decay: Optional[float] = None
+
+    def validate(self, key: str) -> None:
+        if not (0 < self.lr_mult < math.inf):
+            _bad(f"{key}.lr_mult", self.lr_mult, "must be a finite number > 0")
+        if self.weight_decay is not None and not (self.weight_decay >= 0):
+            _bad(f"{key}.weight_decay", self.weight_decay, "must be >= 0 (or null: optim.weight_decay)")
+
+
+@dataclass(frozen=True)
+class GroupsConfig:
+    """The model's parameter groups (GPT.parameter_groups). Defaults = plain AdamW with decay on
+    matrices and embeddings only (nanoGPT's p.dim() >= 2 rule)."""
+    matrices: GroupConfig = field(default_factory=GroupConfig)
+    embeddings: GroupConfig = field(default_factory=GroupConfig)
+    vectors: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))
+    scalars: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))
+
+    @staticmethod
+    def names() -> tuple:
+        return tuple(f.name for f in dataclasses.fields(GroupsConfig))
+
+    def validate(self) -> None:
+        for name in self.names():
+            getattr(self, name).validate(f"optim.groups.{name}")
+
+
+@dataclass(frozen=True)
 class OptimConfig:
     name: str = "adamw"
     lr: float = 1e-3
@@ -75,6 +106,7 @@ class OptimConfig:
     warmup_steps: int = 50
     decay_frac: float = 0.2
     fused: Union[str, bool] = "auto"
+    groups: GroupsConfig = field(default_factory=GroupsConfig)
 
     def validate(self) -> None:
         _choice("optim.name", self.name, ("adamw",))
@@ -96,6 +128,7 @@ class OptimConfig:
             _bad("optim.warmup_steps", self.warmup_steps, "must be >= 0")
         if not (0 < self.decay_frac <= 1):
             _bad("optim.decay_frac", self.decay_frac, "must be in (0, 1]")
+        self.groups.validate()
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from . import checkpoint as ck
 from . import distributed as D
 from .config import ConfigError, RunConfig, parse_run_config
 from .monitor import IntervalTimer, SpikeDetector, block_grad_norms, mfu, peak_flops, residual_rms
-from .optim import LRSchedule, attach_lr, build_optimizer
+from .optim import LRSchedule, attach_lr, build_optimizer, set_lr
 from .sinks import JsonlSink, Sink, WandbSink, truncate_jsonl
 
 log = logging.getLogger("nanonorm.train")
@@ -302,7 +302,7 @@ class Trainer:
 
     def train_step(self, s: int, is_stats: bool, slot: int) -> torch.Tensor:
         t, dev = self.t, self.device
-        self.opt.lr_tensor.copy_(self.sched(self.updates))
+        set_lr(self.opt, self.sched(self.updates))
         bstep = 0 if t.overfit_batch else s - 1
         loss_sum = torch.zeros((), device=dev)
         for micro in range(self.accum):
@@ -335,7 +335,7 @@ class Trainer:
             # each): give it a float, read together with the skip flag in one sync per step.
             skip, lr = torch.stack([bad.float(), self.opt.lr_tensor.float()]).tolist()
             for g in self.opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = lr * g["lr_mult"]
         if self.scaler is not None:
             self.scaler.step(self.opt)  # skips on inf/NaN itself (sync-free with the fused optimizer)
             self.scaler.update()

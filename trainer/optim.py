@@ -1,6 +1,8 @@
-"""AdamW with decay on matrices only, and the LR schedules (cosine, wsd, constant).
+"""AdamW over the model's parameter groups, and the LR schedules (cosine, wsd, constant).
 
-The LR lives in a 0-dim tensor computed on the device from a device-side count of applied updates,
+The model says which group each parameter is in (`GPT.parameter_groups`: matrices, embeddings,
+vectors, scalars); `optim.groups.<group>` gives each group an lr multiplier and a weight decay.
+The LR lives in 0-dim tensors computed on the device from a device-side count of applied updates,
 so a skipped (non-finite) step leaves the schedule where it was without a host sync.
 """
 from __future__ import annotations
@@ -17,24 +19,49 @@ def fused_supported(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu") and hasattr(torch, "_fused_adamw_")
 
 
+def group_settings(ocfg: OptimConfig) -> dict[str, tuple[float, float]]:
+    """group -> (lr_mult, weight_decay); a weight decay left null means `optim.weight_decay`."""
+    out = {}
+    for name in ocfg.groups.names():
+        g = getattr(ocfg.groups, name)
+        out[name] = (g.lr_mult, ocfg.weight_decay if g.weight_decay is None else g.weight_decay)
+    return out
+
+
 def build_optimizer(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    settings = group_settings(ocfg)
     fused = fused_supported(device) if ocfg.fused == "auto" else bool(ocfg.fused)
-    lr = torch.tensor(ocfg.lr, dtype=torch.float32, device=device)  # shared by both groups, filled each step
-    groups = [{"params": decay, "weight_decay": ocfg.weight_decay, "lr": lr},
-              {"params": no_decay, "weight_decay": 0.0, "lr": lr}]
+    lr = torch.tensor(ocfg.lr, dtype=torch.float32, device=device)  # the schedule's LR (logged), filled each step
+    groups = []
+    for name, named in model.parameter_groups().items():
+        if named:  # a variant without scalars has no scalar group
+            mult, wd = settings[name]
+            groups.append({"params": [p for _, p in named], "weight_decay": wd, "group": name, "lr_mult": mult,
+                           "lr": torch.tensor(ocfg.lr * mult, dtype=torch.float32, device=device)})
     kw = {"fused": True} if fused else {"foreach": False}  # tensor LR needs fused or the for-loop path
     opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(ocfg.betas), eps=ocfg.eps, **kw)
     opt.lr_tensor = lr
+    opt.group_lrs = [g["lr"] for g in opt.param_groups]
+    opt.group_settings = settings
     opt.is_fused = fused
     return opt
 
 
+def set_lr(opt: torch.optim.Optimizer, lr: torch.Tensor) -> None:
+    """Every group's LR = the schedule's LR x its lr_mult, written in place on the device (no sync)."""
+    opt.lr_tensor.copy_(lr)
+    for g, t in zip(opt.param_groups, opt.group_lrs):
+        t.copy_(lr * g["lr_mult"] if g["lr_mult"] != 1.0 else lr)
+
+
 def attach_lr(opt: torch.optim.Optimizer) -> None:
-    """After load_state_dict (which copies the saved LR into each group), share lr_tensor again."""
-    for g in opt.param_groups:
-        g["lr"] = opt.lr_tensor
+    """After load_state_dict (which copies the saved hyper-parameters into each group): the groups
+    use the optimizer's own LR tensors again, and the configured lr_mult / weight decay."""
+    saved = [g.get("group") for g in opt.param_groups]
+    for g, t in zip(opt.param_groups, opt.group_lrs):
+        g["lr"] = t
+    for g, name in zip(opt.param_groups, saved):
+        g["lr_mult"], g["weight_decay"] = opt.group_settings[name]
 
 
 class LRSchedule:

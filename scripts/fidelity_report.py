@@ -1,0 +1,396 @@
+"""Figures and tables of the fidelity study from its run dirs (called by fidelity_study.py report).
+
+    python scripts/fidelity_study.py report [--runs-root runs] [--docs docs]
+
+Writes <docs>/fidelity/*.png and <docs>/fidelity/tables.md. Parts that have not run are left out
+(the tables say so); a part that is still running is reported from its finished runs.
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+import runlib  # noqa: E402
+
+KEY_LR, KEY_MULT = "optim.lr", "optim.groups.scalars.lr_mult"
+
+
+# ---- helpers ---------------------------------------------------------------------------------------
+
+def variant_colour(label: str):
+    """One stable colour per variant, in the registry's order (labels like 'spheret_p_inf' or
+    'geonorm-untied' take their variant's colour)."""
+    from model import VARIANTS
+    names = list(VARIANTS)
+    base = max((n for n in names if label == n or label.startswith(n + "-") or label.startswith(n + "_")),
+               key=len, default=None)
+    cmap = plt.get_cmap("tab20")
+    return cmap(names.index(base) % 20) if base else "black"
+
+
+def load_part(root: Path, part: str) -> list[runlib.Run]:
+    d = root / f"fidelity_{part}"
+    if not d.is_dir() or not any(d.rglob("metrics.jsonl")):
+        return []
+    return [runlib.load_run(p) for p in runlib.find_runs([d])]
+
+
+def by(runs, key) -> dict:
+    """Runs grouped by key(run), groups in the variant registry's order, seeds in order."""
+    out: dict = {}
+    for r in runs:
+        out.setdefault(key(r), []).append(r)
+    return {k: sorted(out[k], key=lambda r: str(r.seed)) for k in runlib.sort_labels(out)}
+
+
+def ok_losses(runs) -> list[float]:
+    return [r.final_val_loss for r in runs if r.finished and not r.failed and r.final_val_loss is not None]
+
+
+def pm(xs: list[float], digits: int = 3) -> str:
+    if not xs:
+        return "—"
+    m = statistics.fmean(xs)
+    return f"{m:.{digits}f}" + (f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else "")
+
+
+def cell(run) -> str:
+    if run is None:
+        return "—"
+    if not run.finished:
+        return "running"
+    if run.failed:
+        return "failed" if run.diverged else f"failed ({run.final_val_loss:.2f})"
+    return f"{run.final_val_loss:.3f}"
+
+
+def wall(runs) -> float:
+    """Sum of the runs' wall times (s): the summary's when it has one, else from the run dir's file
+    times (config.yaml written at start, metrics.jsonl's last line at the end)."""
+    total = 0.0
+    for r in runs:
+        w = (r.summary or {}).get("wall_time_s")
+        if w is None:
+            start, end = r.path / "config.yaml", r.path / "metrics.jsonl"
+            w = end.stat().st_mtime - start.stat().st_mtime if start.is_file() and end.is_file() else 0.0
+        total += float(w)
+    return total
+
+
+def tokens(run) -> int:
+    return int(runlib.get_key(run.config, "train.max_steps") * runlib.get_key(run.config, "train.batch_tokens"))
+
+
+def last_stats(run) -> dict:
+    return run.stats[-1] if run.stats else {}
+
+
+# ---- (a) learning-rate sensitivity -------------------------------------------------------------------
+
+def part_a(runs, out: Path) -> list[str]:
+    groups = by(runs, lambda r: r.base)
+    best = runlib.best_over(groups, KEY_LR)
+    lrs = sorted({float(runlib.get_key(r.config, KEY_LR)) for r in runs})
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    shown: list[float] = []
+    for i, (label, rs) in enumerate(groups.items()):
+        seed0 = {float(runlib.get_key(r.config, KEY_LR)): r for r in rs if str(r.seed) == "0"}
+        xs = [lr for lr in lrs if lr in seed0 and seed0[lr].finished]
+        ys = [seed0[lr].final_val_loss if not seed0[lr].failed else math.nan for lr in xs]
+        shown += [y for y in ys if math.isfinite(y)]
+        ax.plot(xs, ys, marker="osD^v<>"[i % 7], ls="--" if "spheret" in label or "geonorm" in label else "-",
+                label=label, color=variant_colour(label), ms=4)
+        b = best[label]
+        losses = ok_losses(b["runs"])
+        if len(losses) > 1:
+            ax.errorbar([float(b["value"])], [statistics.fmean(losses)], yerr=[statistics.stdev(losses)],
+                        color=variant_colour(label), capsize=3, fmt="none")
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("final validation loss (nats)")
+    if shown:
+        ax.set_ylim(min(shown) - 0.05, min(max(shown) + 0.05, min(shown) + 1.5))
+    ax.set_title("(a) lr sensitivity: 4 x 128, 819k tokens/run, seed 0 (bars: 3 seeds at best lr)", fontsize=9)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "a_lr_sensitivity.png", dpi=120)
+    plt.close(fig)
+
+    rows = []
+    for label, b in best.items():
+        losses = ok_losses(b["runs"])
+        mean = statistics.fmean(losses) if losses else math.inf
+        seed0 = {float(runlib.get_key(r.config, KEY_LR)): r for r in groups[label] if str(r.seed) == "0"}
+        rows.append((mean, label, b, losses, seed0))
+    rows.sort(key=lambda t: t[0])
+    lines = ["### (a) Each variant at its own best lr", "",
+             "| rank | variant | best lr | final val loss, mean ± std (seeds) | "
+             + " | ".join(f"lr {lr:g} (seed 0)" for lr in lrs) + " |",
+             "|---" * (4 + len(lrs)) + "|"]
+    for i, (mean, label, b, losses, seed0) in enumerate(rows, 1):
+        seeds = ",".join(str(r.seed) for r in b["runs"])
+        lines.append(f"| {i} | {label} | {float(b['value']):g} | {pm(losses)} ({seeds}) | "
+                     + " | ".join(cell(seed0.get(lr)) for lr in lrs) + " |")
+    n_tok = tokens(runs[0])
+    lines += ["", f"Tokens per run: {n_tok:,}; {len(runs)} runs; summed training wall time "
+              f"{wall(runs) / 3600:.2f} h of one core (two runs at a time). The best lr is chosen on seed 0; "
+              "the mean ± std is over every seed run at it. *failed* = final loss above the initial one "
+              "or non-finite.", ""]
+    return lines
+
+
+# ---- (b) step-size scalars ------------------------------------------------------------------------
+
+def scalar_summary(run) -> tuple[str, str]:
+    st = last_stats(run)
+    if not st:
+        return "—", "—"
+    parts = []
+    for name in ("a", "b", "alpha"):
+        vals = [v for k, v in st.items() if k.startswith("step/") and k.endswith(f"/{name}")]
+        if vals:
+            parts.append(f"{name} {min(vals):.2f}..{max(vals):.2f} (mean {statistics.fmean(vals):.2f})")
+    if "step/embed_g" in st:
+        parts.append(f"g {st['step/embed_g']:.2f}")
+    angles = [v for k, v in st.items() if k.startswith("angle_mean/")]
+    amax = [v for k, v in st.items() if k.startswith("angle_max/")]
+    ang = (f"{statistics.fmean(angles):.3f} / {max(amax):.3f}" if angles else "—")
+    return "; ".join(parts) or "—", ang
+
+
+def part_b(runs_b, runs_a, out: Path) -> list[str]:
+    best = runlib.best_over(by(runs_a, lambda r: r.base), KEY_LR)
+    groups = by(runs_b, lambda r: r.base)
+    lines = ["### (b) Step-size scalars: `optim.groups.scalars.lr_mult` at each variant's best lr (seed 0)", "",
+             "| variant | lr | lr_mult | final val loss | final scalars (min..max over sublayers) | "
+             "angle: mean / max (rad) |", "|---|---|---|---|---|---|"]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, rs in groups.items():
+        seed0 = [r for r in best[label]["runs"] if str(r.seed) == "0"]
+        series = sorted(seed0 + rs, key=lambda r: float(runlib.get_key(r.config, KEY_MULT) or 1.0))
+        for r in series:
+            sc, ang = scalar_summary(r)
+            lines.append(f"| {label} | {float(best[label]['value']):g} | {float(runlib.get_key(r.config, KEY_MULT) or 1):g} "
+                         f"| {cell(r)} | {sc} | {ang} |")
+        xs = [float(runlib.get_key(r.config, KEY_MULT) or 1.0) for r in series if r.finished]
+        ys = [r.final_val_loss if not r.failed else math.nan for r in series if r.finished]
+        ax.plot(xs, ys, "o-", label=label, color=variant_colour(label), ms=4)
+    ax.set_xscale("log")
+    ax.set_xlabel("scalars lr_mult")
+    ax.set_ylabel("final validation loss (nats)")
+    ax.set_title("(b) step-size scalars' learning rate, at each variant's best lr", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "b_scalars.png", dpi=120)
+    plt.close(fig)
+    lines += ["", f"lr_mult 1 is part (a)'s seed-0 run. Angles: the monitor's mean rotation angle per sublayer "
+              "(last stats step, one batch), averaged over sublayers / the largest per-sublayer maximum. "
+              f"{len(runs_b)} runs of {tokens(runs_b[0]):,} tokens; {wall(runs_b) / 3600:.2f} h of one core.", ""]
+    return lines
+
+
+# ---- (c) horizon -----------------------------------------------------------------------------------
+
+def curve(runs) -> tuple[list[int], list[float], list[float]]:
+    """Mean and std over seeds of the validation loss at each evaluated token count all runs share."""
+    per = [{e["tokens"]: e["val_loss"] for e in r.evals} for r in runs]
+    common = sorted(set.intersection(*(set(p) for p in per)))
+    means = [statistics.fmean(p[t] for p in per) for t in common]
+    stds = [statistics.stdev([p[t] for p in per]) if len(per) > 1 else 0.0 for t in common]
+    return common, means, stds
+
+
+def part_c(runs, out: Path) -> list[str]:
+    groups = by(runs, lambda r: r.base)
+    curves = {lbl: curve(rs) for lbl, rs in groups.items()}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for lbl, (ts, ms, ss) in curves.items():
+        ts2 = [t for t in ts if t > 0]
+        m2 = [m for t, m in zip(ts, ms) if t > 0]
+        s2 = [s for t, s in zip(ts, ss) if t > 0]
+        c = variant_colour(lbl)
+        ax.plot(ts2, m2, label=lbl, color=c)
+        ax.fill_between(ts2, [m - s for m, s in zip(m2, s2)], [m + s for m, s in zip(m2, s2)], color=c, alpha=0.2)
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss (nats)")
+    finals = [ms[-1] for _, ms, _ in curves.values() if ms]
+    if finals:
+        ax.set_ylim(min(finals) - 0.1, min(finals) + 1.5)
+    ax.set_title("(c) horizon: best setting of (a)/(b), mean ± std over seeds", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "c_horizon.png", dpi=120)
+    plt.close(fig)
+
+    marks = [t for t in (204_800, 409_600, 819_200, 1_638_400, 3_276_800, 6_553_600)
+             if all(t in ts for ts, _, _ in curves.values())]
+    lines = ["### (c) Horizon: validation loss (mean ± std over seeds) at token counts", "",
+             "| variant | lr | lr_mult | seeds | " + " | ".join(f"{t / 1e6:.2f}M" for t in marks) + " |",
+             "|---" * (4 + len(marks)) + "|"]
+    for lbl, rs in groups.items():
+        per = [{e["tokens"]: e["val_loss"] for e in r.evals} for r in rs]
+        cells = [pm([p[t] for p in per if t in p]) for t in marks]
+        lines.append(f"| {lbl} | {float(runlib.get_key(rs[0].config, KEY_LR)):g} | "
+                     f"{float(runlib.get_key(rs[0].config, KEY_MULT) or 1):g} | {','.join(str(r.seed) for r in rs)} | "
+                     + " | ".join(cells) + " |")
+    rank_lines = []
+    for t in marks:
+        order = sorted(curves, key=lambda l: dict(zip(curves[l][0], curves[l][1]))[t])
+        rank_lines.append(f"- {t / 1e6:.2f}M tokens: " + " < ".join(order))
+    lines += ["", "Ranking (lowest loss first) at each token count:", ""] + rank_lines
+    lines += ["", "Crossings (the sign of the difference of the seed means changes between two evaluations, "
+              "after the first 5% of training; *within noise* when |difference| < the larger seed std at both ends):", ""]
+    labels = list(curves)
+    found = False
+    for i, a in enumerate(labels):
+        for b in labels[i + 1:]:
+            ta, ma, sa = curves[a]
+            tb, mb, sb = curves[b]
+            common = [t for t in ta if t in set(tb) and t >= 0.05 * max(ta)]
+            da, db = dict(zip(ta, ma)), dict(zip(tb, mb))
+            sda, sdb = dict(zip(ta, sa)), dict(zip(tb, sb))
+            for t0, t1 in zip(common, common[1:]):
+                d0, d1 = da[t0] - db[t0], da[t1] - db[t1]
+                if d0 * d1 < 0:
+                    noisy = all(abs(da[t] - db[t]) < max(sda[t], sdb[t]) for t in (t0, t1))
+                    lead = a if d1 < 0 else b
+                    lines.append(f"- {a} / {b}: between {t0 / 1e6:.2f}M and {t1 / 1e6:.2f}M tokens, "
+                                 f"{lead} moves ahead" + (" (within noise)" if noisy else ""))
+                    found = True
+    if not found:
+        lines.append("- none")
+    lines += ["", f"Tokens per run: {tokens(runs[0]):,}; {len(runs)} runs; {wall(runs) / 3600:.2f} h of one core.", ""]
+    return lines
+
+
+# ---- (d) choice ablations ---------------------------------------------------------------------------
+
+def part_d(runs, out: Path) -> list[str]:
+    groups = by(runs, lambda r: r.base)
+    groups = {k: groups[k] for k in sorted(groups, key=lambda l: (l.split("-")[0], "-" in l, l))}
+    lines = ["### (d) Choice ablations at the best setting (seeds 0, 1)", "",
+             "| variant / change | final val loss | Δ vs its baseline | Δ beyond the seed spread? |", "|---|---|---|---|"]
+    for lbl, rs in groups.items():
+        base_lbl = lbl.split("-")[0]
+        base = ok_losses(groups.get(base_lbl, []))
+        xs = ok_losses(rs)
+        if lbl == base_lbl or not base or not xs:
+            lines.append(f"| {lbl} | {pm(xs)} | — | — |")
+            continue
+        delta = statistics.fmean(xs) - statistics.fmean(base)
+        spread = max([statistics.stdev(v) for v in (xs, base) if len(v) > 1] or [0.0])
+        verdict = "yes" if abs(delta) > 2 * spread else ("no" if abs(delta) < spread else "unclear")
+        lines.append(f"| {lbl} | {pm(xs)} | {delta:+.3f} | {verdict} (spread {spread:.3f}) |")
+    lines += ["", "Seed spread = the larger of the two rows' std over 2 seeds; *yes* when |Δ| > 2x spread, "
+              "*no* when |Δ| < spread, *unclear* between. "
+              f"Tokens per run: {tokens(runs[0]):,}; {len(runs)} runs; {wall(runs) / 3600:.2f} h of one core.", ""]
+    return lines
+
+
+# ---- (e) depth --------------------------------------------------------------------------------------
+
+def part_e(runs, out: Path) -> list[str]:
+    groups = by(runs, lambda r: r.base)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    lines = ["### (e) Known depth results, 24 layers x d=128, lr 1e-3", "",
+             "| point | warmup steps | initial val loss | final val loss | residual RMS: after input / last sublayer |",
+             "|---|---|---|---|---|"]
+    for i, (lbl, rs) in enumerate(groups.items()):
+        r = rs[0]
+        c = plt.get_cmap("tab10")(i)
+        ax1.plot([e["tokens"] for e in r.evals], [e["val_loss"] for e in r.evals], label=lbl, color=c)
+        st = last_stats(r)
+        rms = [st[f"rms/{j}"] for j in range(len(st)) if f"rms/{j}" in st]
+        if rms:
+            ax2.plot(range(len(rms)), rms, label=lbl, color=c)
+        lines.append(f"| {lbl} | {runlib.get_key(r.config, 'optim.warmup_steps')} | "
+                     f"{(r.initial_val_loss or math.nan):.3f} | {cell(r)} | "
+                     + (f"{rms[0]:.2f} / {rms[-1]:.2f}" if rms else "—") + " |")
+    ax1.set_xlabel("training tokens")
+    ax1.set_ylabel("validation loss (nats)")
+    ax1.legend(fontsize=8)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("sublayer j (0 = after the input step)")
+    ax2.set_ylabel("residual-stream RMS (end of training)")
+    ax2.legend(fontsize=8)
+    fig.suptitle("(e) 24 x 128: loss curves and residual RMS by depth", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "e_depth.png", dpi=120)
+    plt.close(fig)
+    lines += ["", f"Tokens per run: {tokens(runs[0]):,}; seed 0; {wall(runs) / 3600:.2f} h of one core.", ""]
+    return lines
+
+
+def part_ablate(results: list[tuple[str, dict]], out: Path) -> list[str]:
+    import json  # noqa: F401
+    n = len(results)
+    cols = 4
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.4 * rows), squeeze=False)
+    lines = ["### (e4) Layer ablation: validation-loss increase when one block is skipped", "",
+             "| model | base loss | increase per skipped block (block 1 first) | first half / second half mean |",
+             "|---|---|---|---|"]
+    for ax, (name, res) in zip(axes.flat, results):
+        inc = res["increase"]
+        ax.bar(range(1, len(inc) + 1), inc, color=variant_colour(res["norm"]))
+        ax.set_title(name, fontsize=8)
+        ax.set_yscale("symlog", linthresh=1e-2)
+        ax.tick_params(labelsize=6)
+        h = len(inc) // 2
+        lines.append(f"| {name} | {res['base_loss']:.3f} | " + ", ".join(f"{x:+.2f}" for x in inc) +
+                     f" | {statistics.fmean(inc[:h]):+.3f} / {statistics.fmean(inc[h:]):+.3f} |")
+    for ax in list(axes.flat)[n:]:
+        ax.axis("off")
+    fig.suptitle("val loss increase (nats, symlog) when block k is skipped", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(out / "e_layer_ablation.png", dpi=110)
+    plt.close(fig)
+    lines += [""]
+    return lines
+
+
+def report(root: Path, docs: Path) -> None:
+    import json
+    out = docs / "fidelity"
+    out.mkdir(parents=True, exist_ok=True)
+    a, b, c, d, e = (load_part(root, p) for p in "abcde")
+    lines = ["# Fidelity study: generated tables", "",
+             "Written by `bash scripts/run_fidelity_study.sh` (`scripts/fidelity_report.py`); the discussion is in "
+             "`docs/fidelity_study.md`.", ""]
+    if a:
+        lines += part_a(a, out)
+    if b and a:
+        lines += part_b(b, a, out)
+    if c:
+        lines += part_c(c, out)
+    if d:
+        lines += part_d(d, out)
+    if e:
+        lines += part_e(e, out)
+    abl = []
+    for r in a + e:
+        p = r.path / "layer_ablation.json"
+        if p.is_file():
+            prefix = "24L " if r in e else ""
+            abl.append((prefix + r.base, json.loads(p.read_text())))
+    if abl:
+        lines += part_ablate(abl, out)
+    times = root / "fidelity_times.json"
+    if times.is_file():
+        t = json.loads(times.read_text())
+        lines += ["### Wall time per part (two runs at a time, one thread each; summed over resumed sessions)", "",
+                  "| part | wall time |", "|---|---|"] + [f"| {k} | {v / 60:.0f} min |" for k, v in t.items()] + [""]
+    missing = [name for name, runs in zip("abcde", (a, b, c, d, e)) if not runs]
+    if missing:
+        lines += [f"Parts not run yet: {', '.join(missing)}.", ""]
+    tmp = out / "tables.md.tmp"
+    tmp.write_text("\n".join(lines).rstrip() + "\n")
+    tmp.replace(out / "tables.md")
+    print(f"wrote {out / 'tables.md'} and the figures beside it")
