@@ -8,11 +8,9 @@ from pathlib import Path
 from typing import Any
 
 
-class DataError(ValueError):
-    """Bad data config or input; the message is one line naming the key/file and what is valid."""
+from .errors import DataError
+from .sources import SOURCES
 
-
-SOURCES = ("pydocs", "hf", "local", "shards")
 SAMPLE_BY = ("document", "paragraph", "line")
 
 
@@ -76,8 +74,7 @@ class DataConfig:
         for key in ("name", "tokenizer", "root", "source", "split", "text_column", "txt_sample_by"):
             if not isinstance(getattr(self, key), str) or not getattr(self, key):
                 bad(key, "must be a non-empty string")
-        if self.source not in SOURCES:
-            bad("source", f"valid: {', '.join(SOURCES)}")
+        SOURCES[self.source]  # an unknown name raises one line listing the valid ones
         if self.txt_sample_by not in SAMPLE_BY:
             bad("txt_sample_by", f"valid: {', '.join(SAMPLE_BY)}")
         for key in ("files", "val_files"):

@@ -24,11 +24,12 @@ import numpy as np
 from .config import DataError
 from .shards import open_shard
 
-_M64 = np.uint64(0xFFFFFFFFFFFFFFFF)
+GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment: 2^64 / golden ratio
 
 
-def _mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finalizer (vectorized, wrapping uint64 arithmetic)."""
+def splitmix64(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer (vectorized, wrapping uint64 arithmetic): the one integer hash of the
+    data pipeline (the loader's permutation keys, prepare's validation split)."""
     with np.errstate(over="ignore"):
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
@@ -49,13 +50,13 @@ class FeistelPermutation:
         self.mask = np.uint64((1 << (bits // 2)) - 1)
         k = np.uint64(0x243F6A8885A308D3)
         for part in key:
-            k = _mix64(np.array([k ^ np.uint64(part & 0xFFFFFFFFFFFFFFFF)], dtype=np.uint64))[0]
-        self.keys = _mix64(k + np.arange(1, rounds + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+            k = splitmix64(np.array([k ^ np.uint64(part & 0xFFFFFFFFFFFFFFFF)], dtype=np.uint64))[0]
+        self.keys = splitmix64(k + np.arange(1, rounds + 1, dtype=np.uint64) * GOLDEN_GAMMA)
 
     def _round_trip(self, x: np.ndarray) -> np.ndarray:
         left, right = x >> self.half, x & self.mask
         for k in self.keys:
-            left, right = right, left ^ (_mix64(right ^ k) & self.mask)
+            left, right = right, left ^ (splitmix64(right ^ k) & self.mask)
         return (left << self.half) | right
 
     def __call__(self, i: np.ndarray) -> np.ndarray:
@@ -133,10 +134,6 @@ class TrainLoader:
     def num_sequences(self) -> int:
         """Windows per epoch."""
         return self.w.n
-
-    @property
-    def steps_per_epoch(self) -> float:
-        return self.w.n / self.global_batch
 
     def _perm(self, epoch: int) -> FeistelPermutation:
         if epoch not in self._perms:

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from .config import DataConfig, DataError
+from .files import atomic_write
+from .loader import GOLDEN_GAMMA, splitmix64
 from .shards import HEADER_BYTES, MAGIC, MAX_VOCAB, TOKEN_DTYPE, VERSION, sha256_file, shard_name, write_shard
 from .sources import open_streams
 from .tokenizer import get_tokenizer
@@ -37,10 +39,7 @@ def held_out(doc_index: np.ndarray, seed: int, fraction: float) -> np.ndarray:
     """Whether each document (by its index in the source order) is validation: a splitmix64 hash of
     (seed, index), so the assignment is independent of batching, workers and resume."""
     with np.errstate(over="ignore"):
-        x = doc_index.astype(np.uint64) + np.uint64(seed + 1) * np.uint64(0x9E3779B97F4A7C15)
-        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        x = x ^ (x >> np.uint64(31))
+        x = splitmix64(doc_index.astype(np.uint64) + np.uint64(seed + 1) * GOLDEN_GAMMA)
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / 2 ** 53) < fraction
 
 
@@ -115,9 +114,7 @@ class SplitWriter:
     def _reset_tail(self) -> None:
         self.tail.close()
         data = self.buf[:self.n].tobytes()
-        tmp = self.tail_path.with_name(self.tail_path.name + ".tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, self.tail_path)
+        atomic_write(self.tail_path, data)
         self.tail_hash = hashlib.sha256(data)
         self.tail = open(self.tail_path, "ab")
 
@@ -165,9 +162,7 @@ def _load_progress(out: Path, content: dict) -> tuple[dict | None, str]:
 def _save_progress(out: Path, content: dict, stream: int, docs_read: int, writers: dict) -> None:
     st = {"config": content, "stream": stream, "docs_read": docs_read,
           "splits": {k: w.state() for k, w in writers.items()}}
-    tmp = out / (PROGRESS + ".tmp")
-    tmp.write_text(json.dumps(st))
-    os.replace(tmp, out / PROGRESS)
+    atomic_write(out / PROGRESS, json.dumps(st))
 
 
 def _clear(out: Path) -> None:
@@ -246,9 +241,7 @@ def _adopt_shards(cfg: DataConfig, tok, out: Path) -> Path:
             "source": {"source": "shards", "path": str(src)}, "val_split": "existing *val_*.bin shards",
             "splits": splits, "config": cfg.content()}
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, out / "meta.json")
+    atomic_write(out / "meta.json", json.dumps(meta, indent=1))
     return out
 
 
@@ -349,9 +342,7 @@ def _run(cfg: DataConfig, tok, out: Path, progress, fail_after) -> None:
         "config": content,
         "seconds": round(time.time() - t0, 2),
     }
-    tmp = out / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1))
-    os.replace(tmp, out / "meta.json")
+    atomic_write(out / "meta.json", json.dumps(meta, indent=1))
     (out / PROGRESS).unlink(missing_ok=True)
     ntok = sum(s["tokens"] for s in splits.values())
     _log(f"prepared {out}: {splits['train']['documents']} + {splits['val']['documents']} documents, "

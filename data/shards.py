@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from .config import DataError
+from .files import atomic_open
 
 MAGIC = 20240520
 VERSION = 1
@@ -28,7 +29,7 @@ class ShardError(DataError):
 
 
 def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> str:
-    """Write tokens to `path` via a temp name + os.replace; returns the sha256 of the whole file."""
+    """Write tokens to `path` atomically (data/files.py); returns the sha256 of the whole file."""
     path = Path(path)
     if tokens.size and int(tokens.max()) >= MAX_VOCAB:
         raise ShardError(f"{path}: token id {int(tokens.max())} does not fit uint16")
@@ -38,13 +39,9 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray) -> str:
     h = hashlib.sha256()
     h.update(header.tobytes())
     h.update(body)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with atomic_open(path, "wb") as f:
         f.write(header.tobytes())
         f.write(body)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
     return h.hexdigest()
 
 

@@ -1,8 +1,11 @@
-"""Document sources. Each yields texts in a fixed order, so doc index i is stable (val split, resume).
+"""Document sources (`data.source`), picked by name from SOURCES. Each yields texts in a fixed order,
+so doc index i is stable (val split, resume).
 
 - pydocs: offline default; English prose from the running Python (pydoc_data topics + stdlib docstrings).
 - hf:     any Hugging Face hub dataset through `datasets.load_dataset` (optionally streaming).
 - local:  the user's .txt/.jsonl/.json/.parquet globs through the SAME `datasets.load_dataset` path.
+- shards: existing llm.c shard files, adopted as they are by prepare.py (no documents to stream).
+A new source is one function `cfg -> list[Stream]` under `@SOURCES.register(name)`.
 """
 from __future__ import annotations
 
@@ -13,9 +16,16 @@ import os
 import sys
 import sysconfig
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
-from .config import DataConfig, DataError
+from common import Registry
+
+from .errors import DataError
+
+if TYPE_CHECKING:  # type hints only: the config imports this registry, not the other way round
+    from .config import DataConfig
+
+SOURCES = Registry("data.source", DataError)
 
 
 @dataclass
@@ -209,9 +219,20 @@ def _local_streams(cfg: DataConfig) -> list[Stream]:
     return streams
 
 
+@SOURCES.register("pydocs")
+def _pydocs_source(cfg: DataConfig) -> list[Stream]:
+    return [_pydocs_stream()]
+
+
+SOURCES.register("hf")(_hf_streams)
+SOURCES.register("local")(_local_streams)
+
+
+@SOURCES.register("shards")
+def _shards_source(cfg: DataConfig) -> list[Stream]:
+    raise DataError("data.source=shards adopts existing shard files as they are (python -m data.prepare); "
+                    "it has no documents to stream")
+
+
 def open_streams(cfg: DataConfig) -> list[Stream]:
-    if cfg.source == "pydocs":
-        return [_pydocs_stream()]
-    if cfg.source == "hf":
-        return _hf_streams(cfg)
-    return _local_streams(cfg)
+    return SOURCES[cfg.source](cfg)

@@ -13,7 +13,9 @@ from typing import Callable
 
 import numpy as np
 
-from .config import DataError
+from common import Registry
+
+from .errors import DataError
 
 EOT_STR = "<|endoftext|>"
 
@@ -149,17 +151,18 @@ def _build_gpt2() -> Tokenizer:
     return TiktokenTokenizer(enc, "gpt2")
 
 
-TOKENIZERS: dict[str, Callable[[], Tokenizer]] = {"gpt2": _build_gpt2, "bytes": BytesTokenizer}
+# name -> factory (called once per process); a new tokenizer is one factory under the decorator.
+TOKENIZERS = Registry("data.tokenizer", DataError)
+TOKENIZERS.register("gpt2")(_build_gpt2)
+TOKENIZERS.register("bytes")(BytesTokenizer)
 
 
 def register_tokenizer(name: str, factory: Callable[[], Tokenizer]) -> None:
-    """Add a tokenizer (factory called once per process). Used by tests and by users with their own."""
-    TOKENIZERS[name] = factory
+    """Add a tokenizer at run time (tests, users with their own): TOKENIZERS.register, and a fresh cache."""
+    TOKENIZERS.register(name)(factory)
     get_tokenizer.cache_clear()
 
 
 @functools.lru_cache(maxsize=None)
 def get_tokenizer(name: str) -> Tokenizer:
-    if name not in TOKENIZERS:
-        raise DataError(f"data.tokenizer={name!r} is not a tokenizer; valid: {', '.join(sorted(TOKENIZERS))}")
-    return TOKENIZERS[name]()
+    return TOKENIZERS[name]()  # an unknown name raises one line listing the valid ones

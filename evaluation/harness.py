@@ -19,10 +19,6 @@ from model.generate import generate
 from .runtime import Runtime
 from .scoring import plan_windows, score_batch
 
-DEFAULT_TASKS = ("lambada_openai", "wikitext", "hellaswag", "piqa", "arc_easy", "arc_challenge",
-                 "winogrande", "boolq", "openbookqa", "sciq", "social_iqa")
-
-
 class NanoLM(TemplateLM):
     """Adapter: loglikelihood / loglikelihood_rolling / generate_until, batched, for one GPT + tokenizer."""
 

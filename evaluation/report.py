@@ -7,15 +7,14 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from data.files import atomic_write
+
 
 def write_json(path, payload: dict) -> Path:
-    """Write via a temp name + os.replace, so a reader never sees half a file."""
+    """Write atomically, so a reader never sees half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    return atomic_write(path, json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
 
 
 def _fmt(v) -> str:

@@ -1,6 +1,6 @@
 """GPTConfig: the one typed description of a model, validated once at construction.
 
-Field names follow ../shared/spec/variants.md ("Configuration keys"): every Hydra `norm.*` key maps
+Field names follow docs/variants.md ("Configuration keys"): every Hydra `norm.*` key maps
 onto one flat field here, and `model.*` keys onto the shape fields. Per-variant defaults (decay,
 input step, output step) are left as None here and filled in from the variant's class, so that a
 config only states what it changes.
@@ -11,16 +11,15 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Optional
 
-NORM_KINDS = ("layernorm", "rmsnorm")
-DECAYS = ("none", "harmonic", "sqrt", "linear")
-EMBED_NORMS = ("none", "layer", "scalenorm")
+from common import ConfigError
+
+from .decay import DECAYS
+from .norms import INPUT_STEPS, NORM_KINDS
+from .variants import get_variant
+
 KEEL_FIRST = ("v1", "v2")
 DEEPNORM_INITS = ("scaled", "xavier")
 DECAY_INDICES = ("block", "sublayer")
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message is one line naming the key and what is valid."""
 
 
 @dataclass
@@ -46,15 +45,13 @@ class GPTConfig:
     dyt_alpha_attn: float = 0.5
     dyt_alpha_other: float = 0.5
     deepnorm_init: str = "scaled"
-    # --- open choices of the sphere family (docs/variants.md, "our choices") ---
+    # --- open choices of the sphere family (docs/variants.md, "Switches for open choices") ---
     learn_radius: bool = True            # ScaleNorm's g learnable (else fixed at 1)
     decay_index: str = "block"           # lambda indexed by block k of N, or by sublayer j+1 of 2N
     alpha_init: float = 1.0              # SpheretNorm: softplus(rho) at init
     a_init: float = 1.0                  # GeoNorm: a at init
 
     def __post_init__(self) -> None:
-        from .variants import get_variant  # late import: variants import this module
-
         variant = get_variant(self.norm)  # raises ConfigError listing the valid names
         if self.p is not None:
             if isinstance(self.p, str) and self.p.strip().lower() in (".inf", "+.inf"):
@@ -87,12 +84,7 @@ class GPTConfig:
             bad("n_embd", self.n_embd, f"must be divisible by n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             bad("dropout", self.dropout, "must be in [0, 1)")
-        if self.norm_kind not in NORM_KINDS:
-            bad("norm.kind", self.norm_kind, f"valid: {', '.join(NORM_KINDS)}")
-        if self.decay not in DECAYS:
-            bad("norm.decay", self.decay, f"valid: {', '.join(DECAYS)}")
-        if self.embed_norm not in EMBED_NORMS:
-            bad("norm.embed_norm", self.embed_norm, f"valid: {', '.join(EMBED_NORMS)}")
+        NORM_KINDS[self.norm_kind], DECAYS[self.decay], INPUT_STEPS[self.embed_norm]  # unknown names: one line
         if not isinstance(self.final_norm, bool):
             bad("norm.final_norm", self.final_norm, "must be true or false")
         if self.keel_first_layer not in KEEL_FIRST:

@@ -1,13 +1,24 @@
-"""Normalization layers: LayerNorm, RMSNorm (the spec's `Norm`), DyT, ScaleNorm, and input steps."""
+"""Normalization layers: LayerNorm, RMSNorm (`Norm` in docs/variants.md), DyT, ScaleNorm, and input steps.
+
+`norm.kind` picks the Norm from NORM_KINDS and `norm.embed_norm` the input step from INPUT_STEPS;
+each is a registry, so a new kind is one function under its decorator.
+"""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import GPTConfig
+from common import Registry
+
+if TYPE_CHECKING:  # type hints only: the config imports this module, not the other way round
+    from .config import GPTConfig
+
+NORM_KINDS = Registry("norm.kind")
+INPUT_STEPS = Registry("norm.embed_norm")
 
 
 class LayerNorm(nn.Module):
@@ -77,17 +88,35 @@ class ScaleNorm(nn.Module):
         return (self.g * self.radius * x32 / n).to(x.dtype)
 
 
-def make_norm(cfg: GPTConfig) -> nn.Module:
-    """The spec's `Norm`: `norm.kind` decides, every instance has its own parameters."""
-    if cfg.norm_kind == "rmsnorm":
-        return RMSNorm(cfg.n_embd, cfg.norm_eps)
+@NORM_KINDS.register("layernorm")
+def _layernorm(cfg: "GPTConfig") -> nn.Module:
     return LayerNorm(cfg.n_embd, cfg.norm_eps, bias=cfg.bias)
 
 
-def make_input_step(cfg: GPTConfig) -> nn.Module:
-    """`norm.embed_norm`: none (h = e), layer (h = Norm(e), Peri-LN), scalenorm (SpheretNorm)."""
-    if cfg.embed_norm == "layer":
-        return make_norm(cfg)
-    if cfg.embed_norm == "scalenorm":
-        return ScaleNorm(cfg.n_embd, learnable=cfg.learn_radius)
-    return nn.Identity()
+@NORM_KINDS.register("rmsnorm")
+def _rmsnorm(cfg: "GPTConfig") -> nn.Module:
+    return RMSNorm(cfg.n_embd, cfg.norm_eps)
+
+
+def make_norm(cfg: "GPTConfig") -> nn.Module:
+    """`Norm` of docs/variants.md (`norm.kind`); every instance has its own parameters."""
+    return NORM_KINDS[cfg.norm_kind](cfg)
+
+
+@INPUT_STEPS.register("none")
+def _no_input_step(cfg: "GPTConfig") -> nn.Module:
+    return nn.Identity()                                            # h = e
+
+
+@INPUT_STEPS.register("layer")
+def _norm_input_step(cfg: "GPTConfig") -> nn.Module:
+    return make_norm(cfg)                                           # h = Norm(e): Peri-LN
+
+
+@INPUT_STEPS.register("scalenorm")
+def _scalenorm_input_step(cfg: "GPTConfig") -> nn.Module:
+    return ScaleNorm(cfg.n_embd, learnable=cfg.learn_radius)       # h = g sqrt(d) e/||e||: SpheretNorm
+
+
+def make_input_step(cfg: "GPTConfig") -> nn.Module:
+    return INPUT_STEPS[cfg.embed_norm](cfg)

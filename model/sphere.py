@@ -1,9 +1,9 @@
 """Sphere math shared by GeoNorm and the p-SpheretNorm family.
 
 Every function acts per token over the last dimension. Reductions, norms and trig run in float32
-(float64 if given float64), as ../shared/spec/variants.md "Numerical rules" requires.
+(float64 if given float64); docs/variants.md, "Numerics of the sphere step".
 
-Pure reference functions (the spec, readable): `tangent`, `spheret_angle`, `rotate`, `retract`.
+Pure reference functions (the rules of docs/variants.md, readable): `tangent`, `spheret_angle`, `rotate`, `retract`.
 `sphere_update` is the same step in the form the model uses: it never materialises the tangent
 vector for autograd and saves only `h` and `s` (the tensors the sublayer keeps anyway), so the
 sphere variants cost no more activation memory than Pre-LN.

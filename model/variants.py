@@ -1,55 +1,38 @@
 """The normalization variants: one small class each, picked by name from `VARIANTS`.
 
-A variant is three parts (../shared/spec/variants.md):
+A variant is three parts (docs/variants.md gives every variant's exact rule and source):
   1. input step  `input_step(cfg)`:  what happens to the embeddings e before block 1;
   2. sublayer rule  `forward(h, f)`:  how the stream h is updated by one sublayer f (attention or MLP);
   3. output step `output_step(cfg)`: what happens to h before the LM head.
 One instance of the class is made per sublayer (index j = 0..2N-1, block k = j//2 + 1), so each
 sublayer owns its norms and scalars. Defaults that differ per variant (decay, input and output step)
-are class attributes that GPTConfig reads when the user leaves them unset.
+are class attributes that GPTConfig reads when the user leaves them unset (the config imports this
+module; this module uses GPTConfig for type hints only).
 """
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, Optional, Type
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Type
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .config import ConfigError, GPTConfig
+from common import Registry
+
+from .decay import decay_factor
 from .norms import DyT, make_input_step, make_norm
 from .sphere import spheret_angle, sphere_update
 
-VARIANTS: Dict[str, Type["Variant"]] = {}
+if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
+    from .config import GPTConfig
 
-
-def register(name: str):
-    def deco(cls):
-        cls.name = name
-        VARIANTS[name] = cls
-        return cls
-    return deco
+VARIANTS = Registry("norm.name")   # name -> Variant class; `@register("name")` adds one
+register = VARIANTS.register
 
 
 def get_variant(name: str) -> Type["Variant"]:
-    if name not in VARIANTS:
-        raise ConfigError(f"unknown norm.name={name!r}: valid variants are {', '.join(VARIANTS)}")
-    return VARIANTS[name]
-
-
-def decay_factor(schedule: str, k: int, n_layer: int) -> float:
-    """Layer-wise decay lambda_k for block k (1-based): none 1, harmonic 1/k, sqrt 1/sqrt(k),
-    linear (N - k + 1)/N. Attention and MLP of block k share it (GeoNorm paper, Eq. 5)."""
-    if schedule == "none":
-        return 1.0
-    if schedule == "harmonic":
-        return 1.0 / k
-    if schedule == "sqrt":
-        return 1.0 / math.sqrt(k)
-    if schedule == "linear":
-        return (n_layer - k + 1) / n_layer
-    raise ConfigError(f"unknown norm.decay={schedule!r}: valid are none, harmonic, sqrt, linear")
+    return VARIANTS[name]  # an unknown name raises ConfigError listing the valid ones
 
 
 Sublayer = Callable[[torch.Tensor], torch.Tensor]
@@ -64,7 +47,7 @@ class Variant(nn.Module):
     default_final_norm = True
     fixed_p: Optional[float] = None  # set by variants that are one member of the p-family
 
-    def __init__(self, cfg: GPTConfig, j: int):
+    def __init__(self, cfg: "GPTConfig", j: int):
         super().__init__()
         self.j, self.k, self.n_layer = j, j // 2 + 1, cfg.n_layer
         self.is_attn = j % 2 == 0
@@ -73,11 +56,11 @@ class Variant(nn.Module):
         raise NotImplementedError
 
     @classmethod
-    def input_step(cls, cfg: GPTConfig) -> nn.Module:
+    def input_step(cls, cfg: "GPTConfig") -> nn.Module:
         return make_input_step(cfg)
 
     @classmethod
-    def output_step(cls, cfg: GPTConfig) -> nn.Module:
+    def output_step(cls, cfg: "GPTConfig") -> nn.Module:
         return make_norm(cfg) if cfg.final_norm else nn.Identity()
 
     @classmethod
@@ -306,7 +289,7 @@ class CaySpheretNorm(SpheretNorm):
     fixed_p = 2.0
 
 
-# ---- optional extras beyond the two papers' baseline lists (spec: "Optional extras") ----
+# ---- optional extras beyond the two papers' baseline lists (docs/variants.md, "Summary") ----
 
 @register("lns")
 class LayerNormScaling(Variant):

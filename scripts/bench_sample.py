@@ -12,16 +12,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from model import GPT, GPTConfig  # noqa: E402
-from model.generate import generate  # noqa: E402
+from model import GPT, GPTConfig
+from model.generate import generate
 
 CASES = {  # name: (n_layer, n_head, n_embd, block_size, tokenizer vocab)
     "tiny": (4, 4, 128, 256, 257),            # configs/model/tiny.yaml, byte tokenizer

@@ -11,21 +11,17 @@ spike detection, JSONL/wandb sinks, stats steps.
 """
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+from hydra import compose, initialize_config_dir
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from hydra import compose, initialize_config_dir  # noqa: E402
-
-from trainer import distributed as D  # noqa: E402
-from trainer.config import parse_run_config  # noqa: E402
-from trainer.loop import Trainer  # noqa: E402
-from trainer.optim import LRSchedule  # noqa: E402
+from trainer import distributed as D
+from trainer.config import parse_run_config
+from trainer.loop import Trainer
+from trainer.optim import LRSchedule
 
 
 def sync(device):

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from model import GPT, GPTConfig, VARIANTS  # noqa: E402
+from model import GPT, GPTConfig, VARIANTS
 
 
 def saved_bytes(model, x, y) -> int:

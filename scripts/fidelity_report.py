@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import runlib  # noqa: E402
+from data.files import atomic_write  # noqa: E402
 
 KEY_LR, KEY_MULT = "optim.lr", "optim.groups.scalars.lr_mult"
 
@@ -390,7 +391,5 @@ def report(root: Path, docs: Path) -> None:
     missing = [name for name, runs in zip("abcde", (a, b, c, d, e)) if not runs]
     if missing:
         lines += [f"Parts not run yet: {', '.join(missing)}.", ""]
-    tmp = out / "tables.md.tmp"
-    tmp.write_text("\n".join(lines).rstrip() + "\n")
-    tmp.replace(out / "tables.md")
+    atomic_write(out / "tables.md", "\n".join(lines).rstrip() + "\n")
     print(f"wrote {out / 'tables.md'} and the figures beside it")

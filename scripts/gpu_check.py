@@ -1,7 +1,9 @@
 """GPU checks: what the CPU test suite cannot exercise. Run it first on a new GPU machine.
 
     bash scripts/gpu_check.sh                     # one GPU: < 10 minutes; two GPUs add an NCCL run
-    python scripts/gpu_check.py --device cpu      # the same code on CPU, small (what the tests run)
+    python -m scripts.gpu_check --device cpu      # the same code on CPU, small (what the tests run)
+
+(From the repository root; `-m` imports this checkout's packages.)
 
 Checks (one table row each, PASS / FAIL / SKIP / OOM):
   compile/<variant>   bf16 autocast, torch.compile vs eager, every variant: 3 AdamW steps from the
@@ -24,16 +26,15 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+import yaml
+
+from model import GPT, VARIANTS, GPTConfig
+from trainer.config import OptimConfig
+from trainer.monitor import peak_flops
+from trainer.optim import build_optimizer
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-import torch  # noqa: E402
-import yaml  # noqa: E402
-
-from model import GPT, VARIANTS, GPTConfig  # noqa: E402
-from trainer.config import OptimConfig  # noqa: E402
-from trainer.monitor import peak_flops  # noqa: E402
-from trainer.optim import build_optimizer  # noqa: E402
 
 
 class Ctx:

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from data.files import atomic_write
 from data.loader import ValLoader
 from trainer.checkpoint import load_model
 
@@ -85,9 +86,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     result = ablate(args.run_dir, args.tokens)
     out = args.run_dir / "layer_ablation.json"
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(result, indent=1) + "\n")
-    tmp.replace(out)
+    atomic_write(out, json.dumps(result, indent=1) + "\n")
     plot(result, args.out or args.run_dir / "layer_ablation.png")
     print(f"{result['norm']}: base {result['base_loss']:.4f}; increase per skipped block: "
           + ", ".join(f"{x:+.3f}" for x in result["increase"]))

@@ -23,8 +23,8 @@ import statistics
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import runlib  # noqa: E402
+import runlib
+from data.files import atomic_write
 
 
 def mean_std(xs: list[float]) -> tuple[float | None, float | None]:
@@ -201,9 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out:
             dest = Path(args.out).with_suffix(suffix)
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(dest.name + ".tmp")
-            tmp.write_text(text)
-            tmp.replace(dest)
+            atomic_write(dest, text)
             print(f"wrote {dest}")
         else:
             print(text)

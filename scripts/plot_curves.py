@@ -22,11 +22,31 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 import runlib  # noqa: E402
+from data.files import atomic_open  # noqa: E402
 
-# tab10 plus two: the 11 variants get distinct colours.
-PALETTE = list(plt.get_cmap("tab10").colors) + ["#000000", "#b8860b"]
+# One colour per variant, fixed by its place in the registry, so a variant looks the same in every
+# figure. tab10 plus enough distinct extras for every registered variant.
+PALETTE = list(plt.get_cmap("tab10").colors) + ["#000000", "#b8860b", "#00a6a6", "#7b68ee", "#9acd32"]
+VARIANT_COLORS = dict(zip(runlib.VARIANT_ORDER, PALETTE))
+# Curves that are not one variant each (an ablation's points, all of one variant): these, in turn.
+OTHER_COLORS = list(plt.get_cmap("Dark2").colors) + list(plt.get_cmap("Set1").colors)
+
+
+def group_colors(groups: dict[str, list[runlib.Run]]) -> dict[str, object]:
+    """label -> colour. A group whose runs are all one variant, the only group of that variant in
+    the figure, gets the variant's own colour; any other group the next of OTHER_COLORS."""
+    norms = {label: {runlib.get_key(r.config, "norm.name") for r in runs} for label, runs in groups.items()}
+    single = [next(iter(n)) for n in norms.values() if len(n) == 1]
+    colors, spare = {}, 0
+    for label in groups:
+        norm = next(iter(norms[label])) if len(norms[label]) == 1 else None
+        if norm in VARIANT_COLORS and single.count(norm) == 1:
+            colors[label] = VARIANT_COLORS[norm]
+        else:
+            colors[label] = OTHER_COLORS[spare % len(OTHER_COLORS)]
+            spare += 1
+    return colors
 
 
 def series(lines: list[dict], key: str, ema: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
@@ -66,10 +86,10 @@ def _ylim(ax, values: list[np.ndarray]) -> None:
 def plot_loss(groups: dict[str, list[runlib.Run]], out: Path, title: str, ema: float,
               paper: dict | None) -> Path:
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4.2))
-    colors = PALETTE
+    colors = group_colors(groups)
     seen_t, seen_v = [], []
-    for i, (label, runs) in enumerate(groups.items()):
-        c = colors[i % len(colors)]
+    for label, runs in groups.items():
+        c = colors[label]
         n = len(runs)
         name = f"{label} (n={n})" if n > 1 else label
         for ax, kind, key, seen in ((ax_t, "train", "loss", seen_t), (ax_v, "evals", "val_loss", seen_v)):
@@ -93,7 +113,7 @@ def plot_loss(groups: dict[str, list[runlib.Run]], out: Path, title: str, ema: f
             ax_t.plot(spike_tok, [0.02] * len(spike_tok), "|", color=c, ms=12, mew=1.5,
                       transform=ax_t.get_xaxis_transform())
     if paper:
-        for i, (label, _) in enumerate(groups.items()):
+        for label in groups:
             curve = (paper.get("curve") or {}).get(label)
             tokens_per_step = _tokens_per_step(groups[label]) if curve else None
             if tokens_per_step:
@@ -103,7 +123,7 @@ def plot_loss(groups: dict[str, list[runlib.Run]], out: Path, title: str, ema: f
                 if pts:
                     st, v = map(np.array, zip(*pts))
                     seen_v.append(v)
-                    ax_v.plot(st * tokens_per_step, v, "o", mfc="none", color=colors[i % len(colors)],
+                    ax_v.plot(st * tokens_per_step, v, "o", mfc="none", color=colors[label],
                               label=f"{label} (paper)")
     _ylim(ax_t, seen_t)
     _ylim(ax_v, seen_v)
@@ -136,16 +156,16 @@ def rms_profile(run: runlib.Run) -> np.ndarray | None:
 
 def plot_rms(groups: dict[str, list[runlib.Run]], out: Path, title: str) -> Path:
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    colors = PALETTE
+    colors = group_colors(groups)
     drawn = 0
-    for i, (label, runs) in enumerate(groups.items()):
+    for label, runs in groups.items():
         profs = [p for p in map(rms_profile, runs) if p is not None]
         profs = [p for p in profs if len(p) == len(profs[0])] if profs else []
         if not profs:
             continue
         P = np.stack(profs)
         P = np.where(np.isfinite(P) & (P > 0), P, np.nan)
-        c = colors[i % len(colors)]
+        c = colors[label]
         j = np.arange(P.shape[1])
         ax.plot(j, np.nanmean(P, 0), color=c, marker=".", lw=1.4, label=label)
         if len(profs) > 1:
@@ -166,10 +186,9 @@ def plot_rms(groups: dict[str, list[runlib.Run]], out: Path, title: str) -> Path
 
 def _save(fig, dest: Path) -> Path:
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=90)
+    with atomic_open(dest, "wb") as f:
+        fig.savefig(f, dpi=90, format="png")
     plt.close(fig)
-    tmp.replace(dest)
     return dest
 
 

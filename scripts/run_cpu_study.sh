@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CPU study (issue 6): every variant at two settings on the offline pydocs corpus, byte tokenizer,
+# The CPU study: every variant at two settings on the offline pydocs corpus, byte tokenizer,
 # then the figures and the table under docs/.
 #   (a) experiment=cpu_study       6 layers x d=256, lr 1e-3,  409,600 tokens per run
 #   (b) experiment=cpu_study_deep  24 layers x d=128, lr 1e-2, 307,200 tokens per run (stress)

@@ -1,9 +1,9 @@
 """Reading run directories for plot_curves.py and make_table.py (one job: runs -> labelled records).
 
-A run directory holds `config.yaml` (resolved Hydra config) and `metrics.jsonl` (schema in the
-README, "Metrics"). Runs are grouped by a label: the point label sweep.py recorded in the
-sweep's `sweep.json`, else the matching `experiment_meta.points` entry of the run's config, else
-`norm.name`, plus any `--group-by` keys.
+A run directory holds `config.yaml` (resolved Hydra config) and `metrics.jsonl` (one JSON record per
+line, written by trainer/sinks.py; kinds and keys in the README, "Monitoring"). Runs are grouped by
+a label: the point label sweep.py recorded in the sweep's `sweep.json`, else the matching
+`experiment_meta.points` entry of the run's config, else `norm.name`, plus any `--group-by` keys.
 """
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ from typing import Any, Iterable
 
 import yaml
 
+from model import VARIANTS
+
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.yaml"
-# Canonical row order for tables and legends (then anything else, alphabetically).
-VARIANT_ORDER = ["pre_ln", "post_ln", "deepnorm", "sandwich", "peri_ln", "keel", "pre_dyt",
-                 "geonorm", "spheret", "proj_spheret", "cay_spheret", "lns", "mix_ln"]
+# Canonical row order for tables and legends: the variant registry's (then anything else, alphabetically).
+VARIANT_ORDER = list(VARIANTS)
 
 
 @dataclass

@@ -32,12 +32,12 @@ from pathlib import Path
 
 import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import runlib  # noqa: E402
+import runlib
+from data.files import atomic_write
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENTS = REPO / "configs" / "experiment"
-# Config keys this script sets on every point (CONTRACTS.md layout; configs/{train,logging}).
+# Config keys this script sets on every point (defined in configs/{train,logging}).
 KEY_SEED, KEY_RESUME = "train.seed", "train.resume"
 KEY_GROUP = "logging.wandb.group"
 
@@ -236,9 +236,7 @@ def write_manifest(sweep_dir: Path, sweep: str, args, points: list[dict]) -> Non
     data = {"name": sweep, "experiment": args.experiment, "fixed_overrides": list(args.overrides),
             "points": list(by_dir.values())}
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name("sweep.json.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    tmp.replace(path)
+    atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

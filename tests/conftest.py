@@ -1,15 +1,42 @@
-"""Test-wide settings: never talk to wandb's servers, one CPU thread, the repo importable from any cwd."""
+"""Test-wide settings: never talk to wandb's servers, one CPU thread.
+
+The packages are imported as installed (`pip install -e .[dev]`, see the README).
+"""
 import os
 import sys
-from pathlib import Path
 
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("WANDB_SILENT", "true")
 # Tiny models gain nothing from a second thread, and subprocess tests (torchrun, CLI) run several
 # processes on 2 cores: OpenMP threads spinning against each other make them ~10-50x slower.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402  (imported after OMP_NUM_THREADS is set)
 
 torch.set_num_threads(1)
+
+
+class PreparedCorpus:
+    """The offline default corpus as the session prepared it."""
+
+    def __init__(self, root, config, out_dir, imported):
+        self.root, self.config, self.out_dir, self.imported = root, config, out_dir, imported
+
+
+@pytest.fixture(scope="session")
+def pydocs(tmp_path_factory):
+    """The default data (pydocs, byte tokenizer), prepared once per test session in a fresh
+    directory that $NANONORM_DATA points at, so that every test run and every subprocess (train.py,
+    torchrun) reads it there. `imported`: the modules first imported while preparing it."""
+    from data import prepare_dataset
+    from data.prepare import compose_data_config
+
+    root = tmp_path_factory.mktemp("data")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("NANONORM_DATA", str(root))
+    config = compose_data_config([])
+    before = set(sys.modules)
+    out_dir = prepare_dataset(config, progress=False)
+    yield PreparedCorpus(root, config, out_dir, set(sys.modules) - before)
+    mp.undo()

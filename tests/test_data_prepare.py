@@ -169,7 +169,7 @@ def test_interrupted_preparation_resumes(tmp_path, capsys):
     # what a crash after the checkpoint leaves behind: bytes appended to a tail, a half-written shard
     with open(out / ".train.tail", "ab") as t:
         t.write(b"\x07" * 100)
-    (out / "train_000099.bin.tmp").write_bytes(b"partial")
+    (out / ".train_000099.bin.4242.tmp").write_bytes(b"partial")  # atomic_open's temp name
     capsys.readouterr()
     prepare_dataset(c, progress=False)
     assert "resuming" in capsys.readouterr().err
@@ -217,19 +217,19 @@ def test_errors_are_one_line(tmp_path, monkeypatch):
     (tmp_path / "a.csv").write_text("x")
     err(cfg(tmp_path, name="c", files=[str(tmp_path / "a.csv")]), r"data.files: unsupported file type '.csv'")
     err(cfg(tmp_path, bogus=1), r"data.bogus is not a data config key; valid: ")
-    err(cfg(tmp_path, source="web"), r"data.source='web': valid: pydocs, hf, local")
+    err(cfg(tmp_path, source="web"), r"unknown data.source='web': valid are pydocs, hf, local, shards")
     err(cfg(tmp_path, files=None), r"data.files=None: source=local needs data.files")
-    err(cfg(tmp_path, tokenizer="gpt5", files=[str(wrong)]), r"data.tokenizer='gpt5' is not a tokenizer")
+    err(cfg(tmp_path, tokenizer="gpt5", files=[str(wrong)]), r"unknown data.tokenizer='gpt5'")
 
     class Huge(Tokenizer):
         name, eot, vocab_size = "huge", 69999, 70000
 
     import data.tokenizer as T
-    monkeypatch.setitem(T.TOKENIZERS, "huge", Huge)
-    T.get_tokenizer.cache_clear()
+    T.register_tokenizer("huge", Huge)
     try:
         err(cfg(tmp_path, tokenizer="huge", files=[str(wrong)]), r"has 70000 ids, more than the uint16 shards hold")
     finally:
+        T.TOKENIZERS.unregister("huge")
         T.get_tokenizer.cache_clear()
 
 
@@ -246,14 +246,13 @@ def test_shard_reader_rejects_bad_files(tmp_path):
         open_shard(tmp_path / "magic.bin")
 
 
-def test_pydocs_default_corpus(tmp_path):
+def test_pydocs_default_corpus(tmp_path, pydocs):
     """The offline default: deterministic, big enough, built without importing stdlib modules."""
-    before = set(sys.modules)
-    c = dict(compose_data_config([]), root=str(tmp_path))
+    c = pydocs.config  # the session prepared it once with the default data config
     assert c["name"] == "pydocs" and c["tokenizer"] == "bytes" and c["source"] == "pydocs"
-    out = prepare_dataset(c, progress=False)
-    new = set(sys.modules) - before
-    assert not new & {"antigravity", "this", "turtle", "tkinter", "idlelib", "asyncio.__main__"}
+    out = pydocs.out_dir
+    assert out == pydocs.root / "pydocs-bytes"
+    assert not pydocs.imported & {"antigravity", "this", "turtle", "tkinter", "idlelib", "asyncio.__main__"}
     meta = json.loads((out / "meta.json").read_text())
     tokens = meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"]
     assert tokens > 2_000_000 and meta["splits"]["val"]["documents"] >= 10

@@ -35,7 +35,7 @@ def test_gpt2_equals_tiktoken_own_definition(tmp_path, monkeypatch):
     tiktoken.get_encoding('gpt2') - its own pattern, special tokens and hash check - loads offline."""
     import tiktoken
     import tiktoken.registry
-    from tiktoken_ext import openai_public
+    import tiktoken.load
 
     vocab_bpe, encoder_json = gpt2_bundled_files()
     base = "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/"
@@ -44,7 +44,9 @@ def test_gpt2_equals_tiktoken_own_definition(tmp_path, monkeypatch):
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     # tiktoken memoises encodings per process: make sure we get a fresh load from our cache dir
     monkeypatch.delitem(tiktoken.registry.ENCODINGS, "gpt2", raising=False)
-    assert openai_public.gpt2  # the constructor whose URLs we used above
+    def no_download(url):  # a cache miss (URLs not tiktoken's own) must fail, not fetch
+        raise AssertionError(f"tiktoken tried to download {url}")
+    monkeypatch.setattr(tiktoken.load, "read_file", no_download)
     ref = tiktoken.get_encoding("gpt2")
     monkeypatch.delitem(tiktoken.registry.ENCODINGS, "gpt2", raising=False)
 
@@ -84,6 +86,6 @@ def test_bytes_tokenizer():
 
 
 def test_unknown_tokenizer_is_one_line_error():
-    with pytest.raises(DataError, match=r"data.tokenizer='gpt5' is not a tokenizer; valid: bytes, gpt2") as e:
+    with pytest.raises(DataError, match=r"unknown data.tokenizer='gpt5': valid are gpt2, bytes") as e:
         get_tokenizer("gpt5")
     assert "\n" not in str(e.value)

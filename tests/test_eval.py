@@ -30,7 +30,7 @@ def tiny_model(norm="pre_ln", seed=0, block_size=BLOCK):
 
 
 def save_ckpt(path, model, data_dir="", step=5, wandb_run_id=None):
-    """A checkpoint in the CONTRACTS.md format, built directly (no trainer needed)."""
+    """A checkpoint in trainer/checkpoint.py's format, built directly (no trainer needed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"format": "nanonorm-ckpt", "version": 1, "step": step, "model": model.state_dict(),
                 "model_config": model.config.to_dict(), "tokenizer": "bytes", "data_dir": str(data_dir),
@@ -71,7 +71,6 @@ def test_loglikelihood_equals_hand_computed_sum(lm):
         want = sum(lps[-len(x):])
         assert got == pytest.approx(want, abs=1e-4), (ctx, cont)
         assert greedy == (argmax[-len(x):] == x)
-    assert all(lp < 0 for lp, _ in out)
 
 
 def test_greedy_flag_true_for_the_argmax_continuation(lm):
@@ -234,7 +233,7 @@ def test_eval_cli_json_markdown_and_wandb(tmp_path, capsys, monkeypatch):
     assert set(res["tasks"]["toy_mc"]) >= {"acc", "samples"} and res["failed_tasks"] == {}
     assert "| toy_mc | acc |" in out and f"{res['perplexity']['ppl']:.4f}" in out
     # logged to the run's own wandb run id (offline run dir carries the id)
-    assert list((tmp_path / "runs" / "r1").glob("**/offline-run-*-evaltest1")) or list(tmp_path.glob("**/offline-run-*-evaltest1"))
+    assert [p.name.split("-")[-1] for p in (run / "wandb").glob("offline-run-*")] == ["evaltest1"]
 
 
 @pytest.mark.parametrize("setup, needle", [
@@ -285,8 +284,7 @@ def test_torchrun_splits_evaluation_across_ranks(tmp_path):
     ckpt = save_ckpt(tmp_path / "ckpt.pt", model, tmp_path / "data")
     write_task(tmp_path)
     repo = Path(__file__).resolve().parents[1]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_DATASETS_CACHE": str(tmp_path / "hf"),
-           "PYTHONPATH": str(repo)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(repo / "eval.py"),
            str(ckpt), "--tasks", "toy_mc", "--include-path", str(tmp_path), "--bootstrap-iters", "0",
            "--stride", "8", "--batch-size", "2", "--out", str(tmp_path / "ddp.json")]
@@ -302,55 +300,17 @@ def test_torchrun_splits_evaluation_across_ranks(tmp_path):
     assert res["tasks"]["toy_mc"]["acc"] == results["toy_mc"]["acc"] and res["tasks"]["toy_mc"]["samples"] == 4
 
 
-ONE_RANK_FAILS = """
-import json, sys
-sys.path.insert(0, {repo!r})
-sys.path.insert(0, {tests!r})
-import datasets
-import torch
-from data import get_tokenizer
-from evaluation import runtime
-from evaluation.harness import NanoLM, run_tasks
-from test_eval import tiny_model
-
-rt = runtime.setup("cpu", "float32")
-lm = NanoLM(tiny_model(seed=6), get_tokenizer("bytes"), batch_size=2, rt=rt)
-if rt.rank == 1:  # this rank only: one task's data cannot be fetched, another task's scoring fails
-    load = datasets.load_dataset
-    def failing_load(*a, **kw):
-        if "toy_load" in str(kw.get("data_files")):
-            raise ConnectionError("simulated download failure")
-        return load(*a, **kw)
-    datasets.load_dataset = failing_load
-    score, calls = lm._score, []
-    def failing_score(*a, **kw):
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("simulated out of memory")
-        return score(*a, **kw)
-    lm._score = failing_score
-results, failures = run_tasks(lm, ["toy_load", "toy_score", "toy_mc"], include_path={tasks!r},
-                              bootstrap_iters=0, echo=lambda m: None)
-print("RESULT", json.dumps({{"rank": rt.rank, "results": results, "failures": failures}}), flush=True)
-runtime.teardown()
-"""
-
-
 def test_a_task_failing_on_one_rank_is_skipped_on_every_rank(tmp_path):
     """Rank 1 fails one task before any collective (its data) and one after the first (scoring):
     both ranks skip both tasks, name rank 1's error, run the next task and exit (before: a hang)."""
     import os
-    from pathlib import Path
 
     from test_gpu_paths import torchrun
 
     for name in ("toy_load", "toy_score", "toy_mc"):
         write_task(tmp_path, name)
-    tests = Path(__file__).resolve().parent
-    script = tmp_path / "one_rank_fails.py"
-    script.write_text(ONE_RANK_FAILS.format(repo=str(tests.parent), tests=str(tests), tasks=str(tmp_path)))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
-    code, text = torchrun([script], env, timeout=120, cwd=tmp_path)
+    code, text = torchrun(["-m", "tests.torchrun_scripts", "one_rank_fails", tmp_path], env, timeout=120)
     assert code == 0, text[-3000:]
     out = {r["rank"]: r for r in (json.loads(l.split(" ", 1)[1]) for l in text.splitlines()
                                   if l.startswith("RESULT "))}

@@ -17,14 +17,18 @@ EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 
 
 def _load(name: str):
-    if str(SCRIPTS) not in sys.path:
-        sys.path.insert(0, str(SCRIPTS))
+    """Import scripts/<name>.py as the module `name`, as `python scripts/<name>.py` would see it
+    (the scripts import their shared `runlib` by that name)."""
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
     spec.loader.exec_module(mod)
     return mod
 
 
+runlib = _load("runlib")
 make_table = _load("make_table")
 sweep = _load("sweep")
 
@@ -35,7 +39,7 @@ sweep = _load("sweep")
 def make_run(d: Path, norm: str, seed: int, final: float, *, diverged: bool = False, finished: bool = True,
              spikes: int = 0, n_layer: int = 2, meta: dict | None = None, extra_cfg: dict | None = None,
              steps: int = 40) -> Path:
-    """A run dir as train.py writes it (CONTRACTS.md metrics.jsonl contract), loss falling to `final`."""
+    """A run dir as train.py writes it (config.yaml, metrics.jsonl), loss falling to `final`."""
     d.mkdir(parents=True)
     cfg = {"norm": {"name": norm, "decay": "harmonic", "clamp": 0.7853981633974483},
            "train": {"seed": seed}, "model": {"n_layer": n_layer}}
@@ -88,7 +92,6 @@ def study(tmp_path: Path) -> Path:
 
 
 def test_table_rows_mean_std_diverged_and_paper(study: Path) -> None:
-    runlib = sys.modules["runlib"]
     runs = [runlib.load_run(p) for p in runlib.find_runs([study])]
     paper = runlib.load_paper("geonorm_125m_books3_512")
     rows = {r["label"]: r for r in make_table.build_rows(runlib.group_runs(runs, ["pre_ln", "post_ln"]), paper)}
@@ -167,13 +170,38 @@ def test_plots_from_synthetic_runs(study: Path, tmp_path: Path) -> None:
     _png_ok(out.with_name("study_loss.png"))
     _png_ok(out.with_name("study_rms.png"))
     # band: mean/min/max over seeds on a common token grid
-    runlib = sys.modules["runlib"]
     runs = runlib.group_runs([runlib.load_run(p) for p in runlib.find_runs([study])])
     grid, mean, lo, hi = plot_curves.band([plot_curves.series(r.evals, "val_loss") for r in runs["pre_ln"]])
     assert list(grid) == [0, 20480, 40960]
     assert mean[-1] == pytest.approx(3.155) and lo[-1] == pytest.approx(3.05) and hi[-1] == pytest.approx(3.26)
     prof = plot_curves.rms_profile(runs["pre_ln"][0])
     assert list(prof) == [1.0, 1.5, 2.0, 2.5, 3.0]
+
+
+def test_plot_colours_and_order_follow_the_variant_registry(tmp_path: Path) -> None:
+    """Every registered variant has its own colour, the same in every figure; legends follow the
+    registry's order; groups that are not one variant each (an ablation's points) get other colours."""
+    from model import VARIANTS
+
+    plot_curves = _load("plot_curves")
+
+    def groups(*specs: tuple[str, str]) -> dict:
+        runs = [runlib.load_run(make_run(tmp_path / f"{label}-{len(list(tmp_path.iterdir()))}", norm, 0, 3.0))
+                for label, norm in specs]
+        for r, (label, _) in zip(runs, specs):
+            r.label = label
+        return runlib.group_runs(runs)
+
+    every = groups(*[(v, v) for v in reversed(list(VARIANTS))])
+    assert list(every) == list(VARIANTS)  # registry order, whatever order the runs came in
+    colours = plot_curves.group_colors(every)
+    assert len({str(c) for c in colours.values()}) == len(VARIANTS)  # mix_ln no longer repeats pre_ln's
+    few = plot_curves.group_colors(groups(("mix_ln", "mix_ln"), ("geonorm", "geonorm"), ("p_inf", "spheret")))
+    assert few["mix_ln"] == colours["mix_ln"] and few["geonorm"] == colours["geonorm"]
+    assert few["p_inf"] == colours["spheret"]  # a point label that is one variant: that variant's colour
+    ablation = plot_curves.group_colors(groups(("sqrt", "geonorm"), ("linear", "geonorm")))
+    assert ablation["sqrt"] != ablation["linear"]
+    assert not {str(c) for c in ablation.values()} & {str(c) for c in colours.values()}
 
 
 # ---------------------------------------------------------------- sweep.py
@@ -187,16 +215,24 @@ def _dry(capsys, *argv: str) -> tuple[list[list[str]], str]:
     return cmds, out
 
 
+def experiment_meta(name: str) -> dict:
+    return yaml.safe_load((CONFIGS / "experiment" / f"{name}.yaml").read_text())["experiment_meta"]
+
+
 def test_sweep_dry_run_experiment(capsys, tmp_path: Path) -> None:
     cmds, out = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path))
-    assert len(cmds) == 17  # 13 points (11 variants + the extras lns, mix_ln) + a second seed of 4
+    meta = experiment_meta("cpu_study")
+    # one command per point and seed: every point at the common seeds, then the extra seeds
+    firsts = [f"{label}-s{s}" for s in meta["seeds"] for label in meta["points"]]
+    extras = [f"{label}-s{s}" for label, seeds in meta["extra_seeds"].items() for s in seeds]
+    assert extras  # the experiment has a seed-noise yardstick
+    outs = [c[-3].split("/")[-1] for c in cmds]
+    assert outs == firsts + extras  # first seeds first
     first = cmds[0]
     assert first[:2] == ["python", "train.py"]
     assert first[2:] == ["experiment=cpu_study", "norm=pre_ln", "train.seed=0", "run_name=cpu_study-pre_ln-s0",
                          f"out_dir={tmp_path}/cpu_study/pre_ln-s0", "logging.wandb.group=cpu_study",
                          "train.resume=auto"]
-    outs = [c[-3].split("/")[-1] for c in cmds]
-    assert outs[13:] == ["pre_ln-s1", "post_ln-s1", "geonorm-s1", "proj_spheret-s1"]  # first seeds first
     sph = next(c for c in cmds if "out_dir=" + str(tmp_path) + "/cpu_study/spheret_p_inf-s0" in c)
     assert "norm=spheret" in sph and "norm.p=inf" in sph
     assert not (tmp_path / "cpu_study").exists()  # dry run writes nothing
@@ -223,10 +259,11 @@ def test_sweep_skips_finished_resumes_interrupted(capsys, tmp_path: Path) -> Non
     (root / "post_ln-s0" / "checkpoints").mkdir()
     (root / "post_ln-s0" / "checkpoints" / "ckpt_00000020.pt").write_bytes(b"x")
     make_run(root / "deepnorm-s0", "deepnorm", 0, 3.0, finished=False)  # died before any checkpoint
+    all_cmds, _ = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path / "empty"))
     cmds, out = _dry(capsys, "--experiment", "cpu_study", "--runs-root", str(tmp_path))
     assert "# skip (finished): pre_ln-s0" in out and "# resume: post_ln-s0" in out
-    assert "# restart: deepnorm-s0" in out and "1 finished, 1 to resume, 1 to restart, 14 new" in out
-    assert len(cmds) == 16
+    assert "# restart: deepnorm-s0" in out and f"1 finished, 1 to resume, 1 to restart, {len(all_cmds) - 3} new" in out
+    assert len(cmds) == len(all_cmds) - 1
     assert not any(f"out_dir={root}/pre_ln-s0" in c for c in cmds)
     post = next(c for c in cmds if f"out_dir={root}/post_ln-s0" in c)
     deep = next(c for c in cmds if f"out_dir={root}/deepnorm-s0" in c)
@@ -239,8 +276,9 @@ def test_sweep_slurm_script_and_requirements(capsys, tmp_path: Path) -> None:
     assert sweep.main(["--experiment", "geonorm_125m_books3_512", "--slurm", "--nproc", "8", "--dry-run",
                        "--runs-root", str(tmp_path), "--partition", "gpu", "--", "data.files=/d/*.jsonl"]) == 0
     out = capsys.readouterr().out
-    assert "#SBATCH --array=0-4" in out and "#SBATCH --gpus-per-node=8" in out and "#SBATCH --partition=gpu" in out
-    assert out.count("torchrun --standalone --nproc_per_node=8 train.py experiment=geonorm_125m_books3_512") == 5
+    n = len(experiment_meta("geonorm_125m_books3_512")["variants"])  # one array task per variant
+    assert f"#SBATCH --array=0-{n - 1}" in out and "#SBATCH --gpus-per-node=8" in out and "#SBATCH --partition=gpu" in out
+    assert out.count("torchrun --standalone --nproc_per_node=8 train.py experiment=geonorm_125m_books3_512") == n
     assert "'data.files=/d/*.jsonl'" in out and "norm=sandwich" in out
     with pytest.raises(SystemExit, match="unknown experiment"):
         sweep.main(["--experiment", "nope", "--dry-run"])
@@ -260,7 +298,8 @@ def test_every_experiment_config_composes() -> None:
     from trainer.config import parse_run_config
 
     paper = yaml.safe_load((SCRIPTS / "paper_results.yaml").read_text())["settings"]
-    assert len(EXPERIMENTS) >= 20
+    # every paper setting we hold numbers for has the experiment that reproduces it
+    assert set(paper) <= set(EXPERIMENTS)
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         for name in EXPERIMENTS:
             cfg = compose("config", overrides=[f"experiment={name}"])
@@ -391,7 +430,6 @@ def _lr_study(root: Path) -> Path:
 
 def test_best_over_picks_each_variants_best_value(tmp_path: Path, capsys) -> None:
     root = _lr_study(tmp_path / "lr")
-    runlib = sys.modules["runlib"]
     runs = [runlib.load_run(p) for p in runlib.find_runs([root])]
     rows = {r["label"]: r for r in make_table.best_rows(runs, "optim.lr", [], None)}
     assert rows["pre_ln"]["best_value"] == 1e-3 and rows["pre_ln"]["n"] == 3
@@ -406,7 +444,6 @@ def test_best_over_picks_each_variants_best_value(tmp_path: Path, capsys) -> Non
 
 
 def test_run_above_its_initial_loss_is_marked_failed(tmp_path: Path, capsys) -> None:
-    runlib = sys.modules["runlib"]
     good = make_run(tmp_path / "r" / "pre_ln-s0", "pre_ln", 0, 3.0)
     bad = make_run(tmp_path / "r" / "pre_ln-s1", "pre_ln", 1, 3.0)
     lines = [json.loads(l) for l in (bad / "metrics.jsonl").read_text().splitlines()]

@@ -3,7 +3,9 @@ import importlib.util
 import os
 import subprocess
 
-from test_train import DATA_ROOT, REPO
+import pytest
+
+from test_train import REPO
 
 
 def _module():
@@ -13,8 +15,9 @@ def _module():
     return mod
 
 
+@pytest.mark.usefixtures("pydocs")  # the train_loop check reads the prepared corpus ($NANONORM_DATA)
 def test_gpu_check_runs_every_check_on_cpu_and_prints_a_table():
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "NANONORM_DATA": DATA_ROOT}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     p = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--variants", "geonorm"], cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]

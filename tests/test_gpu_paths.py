@@ -160,12 +160,14 @@ def _syncs_per_step(monkeypatch, tmp_path, *overrides):
         t.close()
 
 
+@pytest.mark.usefixtures("pydocs")
 def test_host_syncs_per_step_fused_none_for_loop_one(monkeypatch, tmp_path):
     assert _syncs_per_step(monkeypatch, tmp_path / "fused", "optim.fused=true")[0] == 0
     n, n_params = _syncs_per_step(monkeypatch, tmp_path / "loop", "optim.fused=false")
     assert n == 1, (n, n_params)  # before: 1 + one per parameter (the tensor LR read back)
 
 
+@pytest.mark.usefixtures("pydocs")
 def test_for_loop_adamw_trains_like_fused_and_skips_nonfinite_steps(tmp_path):
     from test_train import make_cfg, records
     from trainer.loop import train
@@ -243,6 +245,7 @@ def test_interval_timer_charges_queued_steps_to_the_interval_not_the_excluded_re
     assert timer.read() == (0.0, 0)
 
 
+@pytest.mark.usefixtures("pydocs")
 def test_the_compiling_first_step_is_reported_apart(monkeypatch, tmp_path):
     """compile_s in the first train record; that step is in no tokens/s (null where it is alone)."""
     import time
@@ -271,17 +274,19 @@ def test_the_compiling_first_step_is_reported_apart(monkeypatch, tmp_path):
 
 # --- ranks waiting for rank 0's data preparation ------------------------------------------------
 
-def torchrun(args, env, timeout, cwd=None):
-    """`torchrun --standalone --nproc_per_node=2 args` -> (exit code, stdout + stderr); on a timeout
-    the whole process group is killed (hung ranks included) and the test fails with the output."""
+def torchrun(args, env, timeout):
+    """`torchrun --standalone --nproc_per_node=2 args` from the repository root -> (exit code,
+    stdout + stderr); on a timeout the whole process group is killed (hung ranks included) and the
+    test fails with the output."""
     import os
     import signal
     import subprocess
     import sys
+    from pathlib import Path
 
     p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          *map(str, args)], env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                         text=True, start_new_session=True)
+                          *map(str, args)], env=env, cwd=Path(__file__).resolve().parents[1],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -291,40 +296,10 @@ def torchrun(args, env, timeout, cwd=None):
     return p.returncode, out
 
 
-WAIT_SCRIPT = """
-import datetime, sys, time
-sys.path.insert(0, {repo!r})
-import torch
-import torch.distributed as dist
-from trainer import distributed as D
-
-d = D.init_distributed("cpu")
-# after set-up (whose own waits depend on how fast each process starts): 2 s stands in for the
-# default group's 30 minutes
-dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=2))
-# rank 0 "prepares the data" for 4 s, beyond the default group's timeout
-out = D.main_first(lambda: time.sleep(4) or "prepared" if d.rank == 0 else "found ready")
-t = torch.ones(1)
-D.all_reduce_(t)  # the default group still works afterwards
-print(f"rank {{d.rank}}: {{out}}, {{t.item():.0f}}", flush=True)
-# the former way, a barrier on the default group, times out
-if d.rank == 0:
-    time.sleep(4)
-try:
-    dist.barrier()
-except Exception:
-    print(f"rank {{d.rank}}: default-group barrier failed", flush=True)
-"""
-
-
-def test_ranks_wait_for_rank0s_data_preparation_beyond_the_collective_timeout(tmp_path):
+def test_ranks_wait_for_rank0s_data_preparation_beyond_the_collective_timeout():
     import os
-    from pathlib import Path
 
-    repo = Path(__file__).resolve().parents[1]
-    script = tmp_path / "wait.py"
-    script.write_text(WAIT_SCRIPT.format(repo=str(repo)))
-    code, out = torchrun([script], {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
+    code, out = torchrun(["-m", "tests.torchrun_scripts", "wait"], {**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
     assert "rank 0: prepared, 2" in out and "rank 1: found ready, 2" in out, out[-3000:]
     # the test's premise: the same wait on the default group fails
     assert "rank 1: default-group barrier failed" in out and code == 0, out[-3000:]

@@ -1,4 +1,4 @@
-"""The GPT and every normalization variant, against ../shared/spec/variants.md."""
+"""The GPT and every normalization variant, against the rules of docs/variants.md."""
 import math
 from pathlib import Path
 
@@ -33,7 +33,7 @@ def batch(b=4, seed=1):
 
 
 def expected_params(norm, d=D, n=N, v=V, t=T, first_layer="v2"):
-    """Parameter count from the spec's rules (LayerNorm with bias: 2d; DyT: 2d + 1)."""
+    """Parameter count from the rules of docs/variants.md (LayerNorm with bias: 2d; DyT: 2d + 1)."""
     body = v * d + t * d + n * (d * 3 * d + 3 * d + d * d + d + d * 4 * d + 4 * d + 4 * d * d + d)
     ln, sub = 2 * d, 2 * n
     extra = {
@@ -335,7 +335,7 @@ def test_kv_cache_incremental_equals_full_forward():
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(norm="layer_norm"), "unknown norm.name='layer_norm': valid variants are pre_ln, post_ln"),
+    (dict(norm="layer_norm"), "unknown norm.name='layer_norm': valid are pre_ln, post_ln"),
     (dict(norm="spheret", p=0.0), "norm.p"),
     (dict(norm="spheret", p=-1.0), "norm.p"),
     (dict(norm="spheret", p="abc"), "norm.p"),

@@ -1,12 +1,10 @@
-"""The sphere math of ../shared/spec/variants.md: retraction identities, limits, guards."""
+"""The sphere math of docs/variants.md: retraction identities, limits, guards."""
 import math
 
 import pytest
 import torch
 
 from model.sphere import retract, rotate, spheret_angle, sphere_update, tangent
-
-torch.set_default_dtype(torch.float32)
 
 
 def _state(n=6, d=16, dtype=torch.float64, seed=0):

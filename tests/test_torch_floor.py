@@ -15,7 +15,8 @@ REPO = Path(__file__).resolve().parents[1]
 SINCE = {
     "2.6": ["torch.nn.utils.get_total_norm", "torch.nn.utils.clip_grads_with_norm_"],
     "2.5": ["torch.serialization.safe_globals"],
-    "2.4": ["torch.nn.functional.rms_norm"],
+    "2.4": ["torch.nn.functional.rms_norm",
+            "torch.distributed.distributed_c10d._set_pg_timeout"],  # private, tests only
     "2.3": ["torch.compiler.is_compiling", "torch.amp.GradScaler"],
     "2.0": """
         torch.Generator torch.Tensor torch.__version__ torch._dynamo.reset torch._foreach_norm torch.addcmul

@@ -1,11 +1,11 @@
 """train.py's loop in-process (Hydra compose API + trainer.loop.train): resume, guard, variants, metrics.
 
-Tiny models (2 layers, d=32, block 32) on the byte-tokenized pydocs corpus, prepared once per machine.
+Tiny models (2 layers, d=32, block 32) on the byte-tokenized pydocs corpus, prepared once per test session
+(the `pydocs` fixture of conftest.py, which points $NANONORM_DATA at it).
 """
 import json
 import math
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,8 +21,8 @@ from trainer.config import OptimConfig
 from trainer.sinks import RecordingSink, wandb_row
 
 REPO = Path(__file__).resolve().parents[1]
-DATA_ROOT = os.environ.get("NANONORM_DATA") or os.path.join(tempfile.gettempdir(), "nanonorm_test_data")
-TINY = [f"data.root={DATA_ROOT}", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+pytestmark = pytest.mark.usefixtures("pydocs")
+TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
         "train.micro_batch_size=4", "train.batch_tokens=256", "train.eval_tokens=512", "train.eval_interval=1000",
         "train.ckpt_interval=1000", "logging.log_interval=1", "logging.stats_interval=1000",
         "logging.wandb.mode=disabled", "logging.console=false", "train.deterministic=true", "optim.warmup_steps=2"]
@@ -109,7 +109,8 @@ def test_metrics_jsonl_schema_and_sink_keys(tmp_path):
     train_keys = {"loss", "loss_max", "lr", "grad_norm", "tokens_per_s", "step_time", "mfu", "skipped_steps",
                   "spikes_loss", "spikes_grad_norm"}
     t = [r for r in rs if r["kind"] == "train"][-1]
-    assert train_keys <= set(t) and t["mfu"] is None and t["loss_max"] >= t["loss"] - 1e-6
+    assert train_keys <= set(t) and t["mfu"] is None
+    assert t["loss_max"] == t["loss"]  # one process: the max over ranks is the loss itself
     e = [r for r in rs if r["kind"] == "eval"][-1]
     assert e["val_ppl"] == pytest.approx(math.exp(e["val_loss"]))
     st = [r for r in rs if r["kind"] == "stats"][-1]
@@ -175,7 +176,7 @@ def test_lr_schedules_and_weight_decay_groups():
 
 @pytest.mark.parametrize("override, match", [
     ("train.precision=fp8", r"train\.precision='fp8'.*bf16, fp16, fp32"),
-    ("optim.schedule=linear", r"optim\.schedule='linear'.*cosine, wsd, constant"),
+    ("optim.schedule=linear", r"unknown optim\.schedule='linear': valid are cosine, wsd, constant"),
     ("train.batch_tokens=300", r"train\.batch_tokens=300.*multiple of .* = 4 \* 32 \* 1 = 128"),
     ("logging.wandb.mode=sometimes", r"logging\.wandb\.mode"),
     ("train.max_steps=0", r"train\.max_steps=0: must be a positive integer"),

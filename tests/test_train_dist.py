@@ -8,17 +8,23 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from test_train import REPO, TINY, make_cfg, records
 from trainer import checkpoint as ck
 from trainer.loop import train
 
-ENV = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+pytestmark = pytest.mark.usefixtures("pydocs")
+
+
+def env():
+    """The test process's environment (with the session's $NANONORM_DATA), no wandb, one thread."""
+    return {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 
 
 def run_cli(args, **kw):
-    return subprocess.run(args, cwd=REPO, env=ENV, capture_output=True, text=True, timeout=240, **kw)
+    return subprocess.run(args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=240, **kw)
 
 
 def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
@@ -38,13 +44,15 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     l1 = [r["loss"] for r in records(tmp_path / "one", "train")]
     l2 = [r["loss"] for r in records(tmp_path / "two", "train")]
     assert max(abs(a - b) for a, b in zip(l1, l2)) < 1e-5 and len(l2) == 3
-    assert all(r["loss_max"] >= r["loss"] - 1e-6 for r in records(tmp_path / "two", "train"))
+    # loss_max is the largest rank's loss: above the mean when the ranks' batches differ
+    two = records(tmp_path / "two", "train")
+    assert all(r["loss_max"] >= r["loss"] - 1e-6 for r in two) and all(r["loss_max"] > r["loss"] + 1e-4 for r in two)
 
 
 def test_sigterm_checkpoints_at_the_next_step_and_exits(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "train.py", *TINY, "train.max_steps=100000", f"out_dir={run}"],
-                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 120
         while time.time() < deadline:

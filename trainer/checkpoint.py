@@ -1,8 +1,7 @@
-"""Checkpoints (see CONTRACTS.md): atomic save, keep last K, find/load/validate, and pre-emption signals."""
+"""Checkpoints (format: README, "Resume and pre-emption"): atomic save, keep last K, find/load/validate, and pre-emption signals."""
 from __future__ import annotations
 
 import logging
-import os
 import pickle
 import random
 import re
@@ -12,6 +11,8 @@ from typing import Optional, Union
 
 import numpy as np
 import torch
+
+from data.files import atomic_open
 
 log = logging.getLogger("nanonorm.train")
 
@@ -50,20 +51,12 @@ def find_latest(run_dir: Union[str, Path]) -> Optional[Path]:
 
 
 def save_checkpoint(state: dict, run_dir: Union[str, Path], step: int, keep_last: int) -> Path:
-    """Write to a temp name in the same dir, fsync, os.replace; then delete all but the newest keep_last."""
+    """Write atomically (temp name, fsync, rename); then delete all but the newest keep_last."""
     path = ckpt_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     state = {"format": FORMAT, "version": VERSION, **state, "step": step}
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_open(path, "wb") as f:
+        torch.save(state, f)
     for old in list_checkpoints(run_dir)[:-keep_last]:
         old.unlink(missing_ok=True)
     return path

@@ -13,7 +13,9 @@ from typing import Any, Mapping, Optional, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from model.config import ConfigError
+from common import ConfigError
+
+from .schedules import SCHEDULES
 
 __all__ = ["ConfigError", "TrainConfig", "OptimConfig", "LoggingConfig", "WandbConfig", "RunConfig",
            "parse_run_config"]
@@ -110,7 +112,7 @@ class OptimConfig:
 
     def validate(self) -> None:
         _choice("optim.name", self.name, ("adamw",))
-        _choice("optim.schedule", self.schedule, ("cosine", "wsd", "constant"))
+        SCHEDULES[self.schedule]  # an unknown name raises one line listing the valid ones
         _choice("optim.fused", self.fused, ("auto", True, False))
         if not (self.lr > 0):
             _bad("optim.lr", self.lr, "must be > 0")

@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from data.files import atomic_write
+
 from . import checkpoint as ck
 from . import distributed as D
 from .config import ConfigError, RunConfig, parse_run_config
@@ -223,9 +225,7 @@ class Trainer:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resolved = OmegaConf.to_container(self.cfg, resolve=True)
-        tmp = self.run_dir / ".config.yaml.tmp"
-        tmp.write_text(OmegaConf.to_yaml(OmegaConf.create(resolved)))
-        tmp.replace(self.run_dir / "config.yaml")
+        atomic_write(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
         metrics = self.run_dir / "metrics.jsonl"
         if resume_path is not None:
             truncate_jsonl(metrics, self.step)

@@ -1,4 +1,4 @@
-"""AdamW over the model's parameter groups, and the LR schedules (cosine, wsd, constant).
+"""AdamW over the model's parameter groups (the LR schedules are in schedules.py).
 
 The model says which group each parameter is in (`GPT.parameter_groups`: matrices, embeddings,
 vectors, scalars); `optim.groups.<group>` gives each group an lr multiplier and a weight decay.
@@ -7,11 +7,10 @@ so a skipped (non-finite) step leaves the schedule where it was without a host s
 """
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .config import OptimConfig
+from .schedules import LRSchedule  # noqa: F401  (re-exported: the loop builds its schedule here)
 
 
 def fused_supported(device: torch.device) -> bool:
@@ -62,31 +61,3 @@ def attach_lr(opt: torch.optim.Optimizer) -> None:
         g["lr"] = t
     for g, name in zip(opt.param_groups, saved):
         g["lr_mult"], g["weight_decay"] = opt.group_settings[name]
-
-
-class LRSchedule:
-    """lr(u) for u = number of applied updates. Same formula on tensors (hot path) and floats."""
-
-    def __init__(self, ocfg: OptimConfig, max_steps: int):
-        self.kind, self.lr, self.min_lr = ocfg.schedule, ocfg.lr, ocfg.min_lr
-        self.warmup, self.max_steps = ocfg.warmup_steps, max_steps
-        self.decay_start = max_steps - max(1, round(ocfg.decay_frac * max_steps))
-
-    def __call__(self, u):
-        """`u` a float or a float64 tensor; returns the same kind."""
-        t = torch if isinstance(u, torch.Tensor) else None
-        clamp = (lambda x, lo, hi: x.clamp(lo, hi)) if t else (lambda x, lo, hi: min(max(x, lo), hi))
-        where = t.where if t else (lambda c, a, b: a if c else b)
-        warm = self.lr * (u + 1) / (self.warmup + 1)  # nanoGPT: never exactly 0
-        if self.kind == "constant":
-            main = u * 0 + self.lr
-        elif self.kind == "cosine":
-            span = max(1, self.max_steps - self.warmup)
-            r = clamp((u - self.warmup) / span, 0.0, 1.0)
-            cos = t.cos(math.pi * r) if t else math.cos(math.pi * r)
-            main = self.min_lr + 0.5 * (1.0 + cos) * (self.lr - self.min_lr)
-        else:  # wsd: warmup, stable at lr, then linear decay to min_lr over the last decay_frac
-            span = max(1, self.max_steps - self.decay_start)
-            r = clamp((u - self.decay_start) / span, 0.0, 1.0)
-            main = self.lr + r * (self.min_lr - self.lr)
-        return where(u < self.warmup, warm, main)

@@ -1,6 +1,6 @@
 """Where records go: metrics.jsonl (always), wandb (rank 0, offline by default), a recorder for tests.
 
-A record is a flat dict with "kind", "step", "tokens" and the fields of CONTRACTS.md's metrics.jsonl.
+A record is a flat dict with "kind", "step", "tokens" and the fields listed in the README's "Monitoring" section.
 """
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import json
 import math
 from pathlib import Path
 from typing import Optional
+
+from data.files import atomic_write
 
 
 def _clean(v):
@@ -52,9 +54,7 @@ def truncate_jsonl(path: Path, step: int) -> None:
             continue  # a line cut by a kill
         if r.get("kind") != "summary" and r.get("step", 0) <= step:
             keep.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(l + "\n" for l in keep))
-    tmp.replace(path)
+    atomic_write(path, "".join(l + "\n" for l in keep))
 
 
 class RecordingSink(Sink):

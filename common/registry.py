@@ -1,0 +1,55 @@
+"""Name -> component registries: one decorator pattern for every kind that a config picks by name
+(variant, decay schedule, input step, LR schedule, data source, tokenizer).
+
+    DECAYS = Registry("norm.decay")
+
+    @DECAYS.register("harmonic")
+    def harmonic(k, n): ...
+
+    DECAYS["harmonic"]      # the function; an unknown name raises one line listing the valid ones
+
+Adding a component is defining it under the decorator: nothing else lists the names.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable, Type
+
+from .errors import ConfigError, UserError
+
+
+class Registry(Mapping):
+    def __init__(self, key: str, error: Type[UserError] = ConfigError):
+        self.key, self.error = key, error   # the config key that picks a name, for error messages
+        self._items: dict[str, Any] = {}
+
+    def register(self, name: str) -> Callable[[Any], Any]:
+        def deco(obj):
+            if name in self._items:
+                raise ValueError(f"{self.key}: {name!r} is registered twice")  # a bug, not a user error
+            if isinstance(obj, type):
+                obj.name = name
+            self._items[name] = obj
+            return obj
+        return deco
+
+    def unregister(self, name: str) -> None:
+        """Remove a component (tests that register a temporary one)."""
+        self._items.pop(name, None)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._items:
+            raise self.error(f"unknown {self.key}={name!r}: valid are {', '.join(self._items)}")
+        return self._items[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.key}: {', '.join(self._items)})"

@@ -1,0 +1,32 @@
+"""Atomic file writes: a reader, or a process killed half-way, never sees half a file."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator, Union
+
+
+@contextmanager
+def atomic_open(path: Union[str, os.PathLike], mode: str = "w") -> Iterator[IO]:
+    """Write to a temporary file beside `path`; when the block ends without error, flush and fsync
+    it and rename it over `path` (atomic on POSIX). On error the temporary file is removed and `path`
+    is untouched. The temporary name is `.<name>.<pid>.tmp`: hidden, unique per process, and ending
+    in `.tmp` so that cleanup code recognises what a killed process left behind."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: Union[str, os.PathLike], data: Union[str, bytes]) -> Path:
+    """Write `data` (text as UTF-8, or bytes) to `path` atomically; returns `path`."""
+    with atomic_open(path, "wb" if isinstance(data, bytes) else "w") as f:
+        f.write(data)
+    return Path(path)

@@ -1,0 +1,81 @@
+"""Learning-rate schedules (`optim.schedule`), picked by name from SCHEDULES.
+
+lr(u) for u = the number of applied updates (a skipped step does not advance it). Every schedule
+starts with the same linear warmup (`optim.warmup_steps`) and then follows its own `main(u)`. The
+same code runs on Python floats (logging, tests) and on float64 device tensors (the hot path, no
+host sync). A new schedule is one class under the decorator.
+"""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import torch
+
+from common import Registry
+
+if TYPE_CHECKING:
+    from .config import OptimConfig
+
+SCHEDULES = Registry("optim.schedule")
+
+
+class _Ops:
+    """clamp/cos/where for floats or tensors, so one formula serves both."""
+
+    def __init__(self, u):
+        self.t = isinstance(u, torch.Tensor)
+
+    def clamp(self, x, lo, hi):
+        return x.clamp(lo, hi) if self.t else min(max(x, lo), hi)
+
+    def cos(self, x):
+        return torch.cos(x) if self.t else math.cos(x)
+
+    def where(self, c, a, b):
+        return torch.where(c, a, b) if self.t else (a if c else b)
+
+
+class Schedule:
+    def __init__(self, ocfg: "OptimConfig", max_steps: int):
+        self.lr, self.min_lr, self.warmup, self.max_steps = ocfg.lr, ocfg.min_lr, ocfg.warmup_steps, max_steps
+        self.decay_frac = ocfg.decay_frac
+
+    def main(self, u, ops: _Ops):
+        raise NotImplementedError
+
+    def __call__(self, u):
+        """`u` a float or a float64 tensor; returns the same kind."""
+        ops = _Ops(u)
+        warm = self.lr * (u + 1) / (self.warmup + 1)  # nanoGPT: never exactly 0
+        return ops.where(u < self.warmup, warm, self.main(u, ops))
+
+
+@SCHEDULES.register("cosine")
+class Cosine(Schedule):
+    """Cosine from lr down to min_lr at max_steps."""
+
+    def main(self, u, ops):
+        r = ops.clamp((u - self.warmup) / max(1, self.max_steps - self.warmup), 0.0, 1.0)
+        return self.min_lr + 0.5 * (1.0 + ops.cos(math.pi * r)) * (self.lr - self.min_lr)
+
+
+@SCHEDULES.register("wsd")
+class WarmupStableDecay(Schedule):
+    """Stable at lr, then linear decay to min_lr over the last `optim.decay_frac` of the steps."""
+
+    def main(self, u, ops):
+        start = self.max_steps - max(1, round(self.decay_frac * self.max_steps))
+        r = ops.clamp((u - start) / max(1, self.max_steps - start), 0.0, 1.0)
+        return self.lr + r * (self.min_lr - self.lr)
+
+
+@SCHEDULES.register("constant")
+class Constant(Schedule):
+    def main(self, u, ops):
+        return u * 0 + self.lr
+
+
+def LRSchedule(ocfg: "OptimConfig", max_steps: int) -> Schedule:
+    """The schedule `ocfg.schedule` names (an unknown name raises ConfigError listing the valid ones)."""
+    return SCHEDULES[ocfg.schedule](ocfg, max_steps)
