@@ -127,6 +127,11 @@ class GPTConfig:
         multiple of `model.pad_vocab_to` (GPT-2's 50257 -> 50304, as nanoGPT does, for fast matmuls).
         """
         m, n = dict(model_cfg), dict(norm_cfg)
+        model_keys = {"name", "vocab_size", "pad_vocab_to", "block_size", "n_layer", "n_head", "n_embd", "dropout",
+                      "bias", "tie_embeddings"}
+        unknown = sorted(set(m) - model_keys)
+        if unknown:  # e.g. `+model.foo=1` on the command line
+            raise ConfigError(f"unknown model key(s) {unknown}: valid keys are {sorted(model_keys)}")
         vs = m.get("vocab_size")
         if vs is None:
             if vocab_size is None:
