@@ -118,6 +118,29 @@ def test_checkpoints_load_with_weights_only_true(tmp_path):
         ck.load_checkpoint(tmp_path / "bad.pt")
 
 
+@pytest.mark.parametrize("numpy_module", ["numpy._core", "numpy.core"])  # as numpy 2 / numpy 1 pickle it
+def test_older_checkpoints_with_numpy_rng_arrays_still_load(tmp_path, numpy_module):
+    import random
+    import zipfile
+
+    import numpy as np
+
+    path = _big_checkpoint(tmp_path, mb=1)
+    old = ck.load_checkpoint(path)
+    np.random.seed(3)
+    old["rng"] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    expected = np.random.rand(3)
+    torch.save(old, tmp_path / "np.pt")
+    with zipfile.ZipFile(tmp_path / "np.pt") as zin, zipfile.ZipFile(tmp_path / "old.pt", "w") as zout:
+        for item in zin.infolist():  # the pickle names numpy's module as the writing numpy did
+            data = zin.read(item.filename)
+            if item.filename.endswith("data.pkl"):
+                data = data.replace(b"numpy._core.multiarray", numpy_module.encode() + b".multiarray")
+            zout.writestr(item, data)
+    ck.set_rng_state(ck.load_checkpoint(tmp_path / "old.pt")["rng"])
+    assert (np.random.rand(3) == expected).all()
+
+
 # --- host syncs of a training step --------------------------------------------------------------
 
 def _syncs_per_step(monkeypatch, tmp_path, *overrides):

@@ -80,8 +80,10 @@ def _torch_load(path: Path) -> dict:
             return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
 
 
-_NUMPY_RNG_GLOBALS = [(np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct, np.ndarray,
-                      np.dtype, type(np.dtype(np.uint32))]
+_reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct
+# numpy 2 moved numpy.core to numpy._core: allow the function under the name either wrote
+_NUMPY_RNG_GLOBALS = [_reconstruct, *((_reconstruct, f"numpy.{m}.multiarray._reconstruct") for m in ("core", "_core")),
+                      np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
 def load_checkpoint(path: Union[str, Path]) -> dict:
