@@ -5,7 +5,6 @@
     torchrun --nproc_per_node=8 train.py norm=geonorm  # DDP (NCCL on CUDA, gloo on CPU)
     python train.py train.resume=auto                 # continue the run dir's newest checkpoint
 """
-import logging
 import sys
 
 import hydra
@@ -26,15 +25,20 @@ def main(cfg: DictConfig) -> dict:
 @hydra.main(config_path="configs", config_name="config", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
     try:
-        result = main(cfg)
+        main(cfg)  # a diverged run has logged why, and exits 0 with its checkpoint and summary
     except (ConfigError, DataError, CheckpointError) as e:
         # One clear line, no traceback: these are user errors (bad override, unusable checkpoint).
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    if result.get("diverged"):
-        logging.getLogger("nanonorm.train").error(result.get("message", "diverged"))
 
 
 if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        from pathlib import Path
+
+        from trainer.cli_help import config_help
+
+        print(config_help(Path(__file__).resolve().parent / "configs"))
+        sys.exit(0)
     sys.argv = hydra_argv_for_rank(sys.argv, env_rank())
     _hydra_main()

@@ -368,15 +368,20 @@ def report(root: Path, docs: Path) -> None:
     lines = ["# Fidelity study: generated tables", "",
              "Written by `bash scripts/run_fidelity_study.sh` (`scripts/fidelity_report.py`); the discussion is in "
              "`docs/fidelity_study.md`.", ""]
-    if a:
+    def done(name, runs):  # a part still running is reported once all its runs have finished
+        if runs and not all(r.finished for r in runs):
+            lines.extend([f"Part ({name}): in progress, {sum(r.finished for r in runs)} of {len(runs)} runs finished.", ""])
+            return False
+        return bool(runs)
+    if done("a", a):
         lines += part_a(a, out)
-    if b and a:
-        lines += part_b(b, a, out)
-    if c:
+        if done("b", b):
+            lines += part_b(b, a, out)
+    if done("c", c):
         lines += part_c(c, out)
-    if d:
+    if done("d", d):
         lines += part_d(d, out)
-    if e:
+    if done("e", e):
         lines += part_e(e, out)
     abl = []
     for r in a + e:
@@ -391,7 +396,7 @@ def report(root: Path, docs: Path) -> None:
         t = json.loads(times.read_text())
         lines += ["### Wall time per part (two runs at a time, one thread each; summed over resumed sessions)", "",
                   "| part | wall time |", "|---|---|"] + [f"| {k} | {v / 60:.0f} min |" for k, v in t.items()] + [""]
-    missing = [name for name, runs in zip("abcde", (a, b, c, d, e)) if not runs]
+    missing = [name for name, runs in zip("abcde", (a, b, c, d, e)) if not runs]  # not started
     if missing:
         lines += [f"Parts not run yet: {', '.join(missing)}.", ""]
     atomic_write(out / "tables.md", "\n".join(lines).rstrip() + "\n")
