@@ -312,8 +312,7 @@ def test_a_task_failing_on_one_rank_is_skipped_on_every_rank(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
     code, text = torchrun(["-m", "tests.torchrun_scripts", "one_rank_fails", tmp_path], env, timeout=120)
     assert code == 0, text[-3000:]
-    out = {r["rank"]: r for r in (json.loads(l.split(" ", 1)[1]) for l in text.splitlines()
-                                  if l.startswith("RESULT "))}
+    out = {r: json.loads((tmp_path / f"result_{r}.json").read_text()) for r in (0, 1)}
     for rank in (0, 1):
         f = out[rank]["failures"]
         assert sorted(f) == ["toy_load", "toy_score"], f

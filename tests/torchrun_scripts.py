@@ -67,7 +67,8 @@ def one_rank_fails(task_dir):
         lm._score = failing_score
     results, failures = run_tasks(lm, ["toy_load", "toy_score", "toy_mc"], include_path=task_dir,
                                   bootstrap_iters=0, echo=lambda m: None)
-    print("RESULT", json.dumps({"rank": rt.rank, "results": results, "failures": failures}), flush=True)
+    with open(f"{task_dir}/result_{rt.rank}.json", "w") as f:  # a file: stdout lines of two ranks interleave
+        json.dump({"rank": rt.rank, "results": results, "failures": failures}, f)
     runtime.teardown()
 
 
