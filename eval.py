@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import report_user_errors
+
 
 def run_dir_of(ckpt_path: Path):
     return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else None
@@ -62,22 +64,7 @@ def main(argv=None) -> int:
 
     add_flags(parser)
     args = parser.parse_args(argv)
-    try:
-        return evaluate(args)
-    except Exception as e:
-        if _is_user_error(e):  # bad input: one clear line, no traceback
-            print(f"eval.py: error: {e}", file=sys.stderr)
-            return 2
-        raise
-
-
-def _is_user_error(e: Exception) -> bool:
-    from data import DataError  # ShardError is a DataError
-    from evaluation.config import EvalConfigError
-    from model.config import ConfigError
-    from trainer.checkpoint import CheckpointError
-
-    return isinstance(e, (EvalConfigError, ConfigError, CheckpointError, DataError, FileNotFoundError))
+    return report_user_errors(evaluate, args)  # bad input: one line and exit 2; bugs keep their traceback
 
 
 def evaluate(args) -> int:

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import ConfigError, report_user_errors
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -39,20 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        return sample(args)
-    except Exception as e:
-        if _is_user_error(e):  # bad input: one clear line, no traceback
-            print(f"sample.py: error: {e}", file=sys.stderr)
-            return 2
-        raise
-
-
-def _is_user_error(e: Exception) -> bool:
-    from model.config import ConfigError
-    from trainer.checkpoint import CheckpointError
-
-    return isinstance(e, (CheckpointError, ConfigError, ValueError, OSError))
+    return report_user_errors(sample, args)  # bad input: one line and exit 2; bugs keep their traceback
 
 
 def sample(args) -> int:
@@ -62,9 +51,9 @@ def sample(args) -> int:
     from trainer.checkpoint import resolve_checkpoint
 
     if args.num_samples < 1:
-        raise ValueError(f"--num-samples={args.num_samples}: must be >= 1")
+        raise ConfigError(f"--num-samples={args.num_samples}: must be >= 1")
     if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads={args.threads}: must be >= 1")
+        raise ConfigError(f"--threads={args.threads}: must be >= 1")
     prompt = Path(args.prompt_file).read_text() if args.prompt_file else args.prompt
     ckpt_path = resolve_checkpoint(args.path)
     rt = setup(args.device, args.dtype)

@@ -10,9 +10,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from data import DataError
-from trainer.checkpoint import CheckpointError
-from trainer.config import ConfigError
+from common import report_user_errors
 from trainer.distributed import env_rank, hydra_argv_for_rank
 
 
@@ -24,12 +22,9 @@ def main(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="configs", config_name="config", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
-    try:
-        main(cfg)  # a diverged run has logged why, and exits 0 with its checkpoint and summary
-    except (ConfigError, DataError, CheckpointError) as e:
-        # One clear line, no traceback: these are user errors (bad override, unusable checkpoint).
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
+    # A user error (bad override, missing data, unusable checkpoint) is one line and exit 2; a
+    # diverged run has logged why, and exits 0 with its checkpoint and summary.
+    report_user_errors(main, cfg)
 
 
 if __name__ == "__main__":

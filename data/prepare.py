@@ -29,6 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common import report_user_errors
+
 from .config import DataConfig, DataError
 from .files import atomic_write
 from .loader import GOLDEN_GAMMA, splitmix64
@@ -459,12 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: unknown flag {sorted(bad)[0]}; valid: --force, --verify", file=sys.stderr)
         return 2
-    try:
-        cfg = compose_data_config([a for a in argv if not a.startswith("--")])
-        out = prepare_dataset(cfg, force="--force" in flags, verify="--verify" in flags)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = report_user_errors(compose_data_config, [a for a in argv if not a.startswith("--")])
+    out = report_user_errors(prepare_dataset, cfg, force="--force" in flags, verify="--verify" in flags)
     meta = json.loads((out / "meta.json").read_text())
     for s, v in meta["splits"].items():
         docs = "? documents (adopted shards)" if v["documents"] is None else f"{v['documents']:,} documents"

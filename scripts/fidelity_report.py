@@ -151,17 +151,30 @@ def part_a(runs, out: Path) -> list[str]:
 
 # ---- (b) step-size scalars ------------------------------------------------------------------------
 
+def final_scalars(run) -> dict[str, list[float]]:
+    """The learned step sizes at the end, read from the final checkpoint: GeoNorm a, b; SpheretNorm
+    alpha = softplus(rho); ScaleNorm g; DyT alpha (name -> values over sublayers)."""
+    import torch
+    ckpts = sorted((run.path / "checkpoints").glob("ckpt_*.pt"))
+    if not ckpts:
+        return {}
+    state = torch.load(ckpts[-1], map_location="cpu", weights_only=False)["model"]
+    out: dict[str, list[float]] = {}
+    for key, v in state.items():
+        name = key.rsplit(".", 1)[-1]
+        if v.dim() != 0 or name not in ("a", "b", "rho", "g", "alpha"):
+            continue
+        label = {"rho": "alpha", "alpha": "dyt alpha"}.get(name, name)
+        out.setdefault(label, []).append(float(torch.nn.functional.softplus(v) if name == "rho" else v))
+    return out
+
+
 def scalar_summary(run) -> tuple[str, str]:
     st = last_stats(run)
-    if not st:
-        return "—", "—"
     parts = []
-    for name in ("a", "b", "alpha"):
-        vals = [v for k, v in st.items() if k.startswith("step/") and k.endswith(f"/{name}")]
-        if vals:
-            parts.append(f"{name} {min(vals):.2f}..{max(vals):.2f} (mean {statistics.fmean(vals):.2f})")
-    if "step/embed_g" in st:
-        parts.append(f"g {st['step/embed_g']:.2f}")
+    for name, vals in final_scalars(run).items():
+        parts.append(f"{name} {vals[0]:.2f}" if len(vals) == 1 else
+                     f"{name} {min(vals):.2f}..{max(vals):.2f} (mean {statistics.fmean(vals):.2f})")
     angles = [v for k, v in st.items() if k.startswith("angle_mean/")]
     amax = [v for k, v in st.items() if k.startswith("angle_max/")]
     ang = (f"{statistics.fmean(angles):.3f} / {max(amax):.3f}" if angles else "—")
@@ -172,7 +185,7 @@ def part_b(runs_b, runs_a, out: Path) -> list[str]:
     best = runlib.best_over(by(runs_a, lambda r: r.base), KEY_LR)
     groups = by(runs_b, lambda r: r.base)
     lines = ["### (b) Step-size scalars: `optim.groups.scalars.lr_mult` at each variant's best lr (seed 0)", "",
-             "| variant | lr | lr_mult | final val loss | final scalars (min..max over sublayers) | "
+             "| variant | lr | lr_mult | final val loss | final scalars (min..max over sublayers; from the checkpoint) | "
              "angle: mean / max (rad) |", "|---|---|---|---|---|---|"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, rs in groups.items():

@@ -207,7 +207,10 @@ def test_perplexity_matches_direct_computation(tmp_path):
 def run_eval(capsys, *argv):
     import eval as eval_cli
 
-    rc = eval_cli.main([str(a) for a in argv])
+    try:
+        rc = eval_cli.main([str(a) for a in argv])
+    except SystemExit as e:  # a user error: one line on stderr, exit 2
+        rc = e.code
     out = capsys.readouterr()
     return rc, out.out, out.err
 

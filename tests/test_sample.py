@@ -83,7 +83,10 @@ def save_ckpt(path, model):
 def run_sample(capsys, *argv):
     import sample as sample_cli
 
-    rc = sample_cli.main([str(a) for a in argv])
+    try:
+        rc = sample_cli.main([str(a) for a in argv])
+    except SystemExit as e:  # a user error: one line on stderr, exit 2
+        rc = e.code
     out = capsys.readouterr()
     return rc, out.out, out.err
 
