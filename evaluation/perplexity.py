@@ -39,7 +39,7 @@ def split_shards(data_dir, split: str) -> list[Path]:
             have = sorted(json.loads(meta.read_text()).get("splits", {}))
         else:
             have = sorted({m[1] for p in data_dir.iterdir() if (m := re.match(r"^(.+)_\d+\.bin$", p.name))})
-        raise FileNotFoundError(f"no '{split}' shards in {data_dir}; splits there: {', '.join(have) or 'none'}")
+        raise DataError(f"no '{split}' shards in {data_dir}; splits there: {', '.join(have) or 'none'}")
     return files
 
 

@@ -378,7 +378,7 @@ def test_shard_with_ids_outside_the_vocabulary_is_named(tmp_path, capsys):
     rc, _, err = run_eval(capsys, ckpt, "--tasks", "none", "--data-dir", tmp_path / "data")
     last = err.strip().splitlines()[-1]
     assert rc == 2 and "Traceback" not in err, err
-    assert last.startswith("eval.py: error: ") and "val_000000.bin: token id 300 is outside the vocabulary of bytes (257 ids)" in last
+    assert last.startswith("error: ") and "val_000000.bin: token id 300 is outside the vocabulary of bytes (257 ids)" in last
 
 
 def test_a_data_file_given_as_checkpoint_gets_fitting_advice(tmp_path, capsys):
