@@ -125,6 +125,8 @@ class DeepNorm(Variant):
         for block in model.blocks:
             targets = [block.attn.c_attn.weight[2 * d:], block.attn.c_proj.weight,
                        block.mlp.c_fc.weight, block.mlp.c_proj.weight]
+            if hasattr(block.mlp, "c_gate"):  # SwiGLU: both input matrices of the MLP
+                targets.append(block.mlp.c_gate.weight)
             with torch.no_grad():
                 for w in targets:  # w is [fan_out, fan_in]; the V slice has its own fan (d, d)
                     if cfg.deepnorm_init == "xavier":
