@@ -245,6 +245,11 @@ class GPT(nn.Module):
                 groups[group].append((f"{mname}.{pname}" if mname else pname, p))
         return groups
 
+    def fused_matrices(self) -> Dict[int, int]:
+        """Weights that stack several matrices by rows, id(param) -> how many: attention's q, k, v.
+        Optimizers that treat a weight as one matrix (Muon) split these (trainer/optim.py)."""
+        return {id(b.attn.c_attn.weight): 3 for b in self.blocks}
+
     def block_modules(self) -> List[nn.Module]:
         return list(self.blocks)
 
