@@ -55,12 +55,14 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int):
+    def __init__(self, cfg: GPTConfig, layer: int, variant: type[Variant]):
         super().__init__()
         self.layer, self.n_head, self.n_embd = layer, cfg.n_head, cfg.n_embd
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v stacked (rows)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.qk_norm, self.eps = cfg.qk_norm, cfg.norm_eps
+        self.qk_step = variant.attention_step(cfg)  # the variant's own treatment of q, k (nGPT)
+        self.scale = getattr(self.qk_step, "softmax_scale", None)  # None: SDPA's 1/sqrt(hd)
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
@@ -72,18 +74,20 @@ class CausalSelfAttention(nn.Module):
             q, k = F.rms_norm(q, (q.size(-1),), eps=self.eps), F.rms_norm(k, (k.size(-1),), eps=self.eps)
         if rope is not None:  # cos/sin of this call's positions (offset by the cache length)
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.qk_step is not None:
+            q, k = self.qk_step(q, k)
         drop = self.dropout if self.training else 0.0
         if cache is None or cache.pos == 0:
             if cache is not None:
                 cache.update(self.layer, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True, scale=self.scale)
         else:
             pos = cache.pos
             k, v = cache.update(self.layer, k, v)  # cached keys are stored already rotated
             mask = None
             if T > 1:  # new queries see the whole cache and the causal part of themselves
                 mask = torch.arange(pos + T, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -92,7 +96,7 @@ class MLP(nn.Module):
     """`model.mlp`: gelu (GPT-2), relu2 (ReLU squared, modded-nanogpt) or swiglu (LLaMA:
     c_proj(c_fc(x) * silu(c_gate(x)))). Hidden width: GPTConfig.hidden_size."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, variant: type[Variant]):
         super().__init__()
         hidden = cfg.hidden_size
         self.kind = cfg.mlp
@@ -101,14 +105,20 @@ class MLP(nn.Module):
             self.c_gate = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias)
         self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.act_step = variant.mlp_step(cfg, hidden)  # the variant's scalers of the pre-activations (nGPT)
 
     def forward(self, x):
+        s = self.act_step
+        g = self.c_gate(x) if self.kind == "swiglu" else self.c_fc(x)  # the activation's input
+        if s is not None:
+            g = s.gate(g)
         if self.kind == "swiglu":
-            a = self.c_fc(x) * F.silu(self.c_gate(x))
+            u = self.c_fc(x)
+            a = (u if s is None else s.up(u)) * F.silu(g)
         elif self.kind == "relu2":
-            a = F.relu(self.c_fc(x)).square()
+            a = F.relu(g).square()
         else:
-            a = F.gelu(self.c_fc(x))
+            a = F.gelu(g)
         return self.dropout(self.c_proj(a))
 
 
@@ -117,8 +127,8 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig, layer: int, variant: type[Variant]):
         super().__init__()
-        self.attn = CausalSelfAttention(cfg, layer)
-        self.mlp = MLP(cfg)
+        self.attn = CausalSelfAttention(cfg, layer, variant)
+        self.mlp = MLP(cfg, variant)
         self.attn_rule = variant(cfg, 2 * layer)
         self.mlp_rule = variant(cfg, 2 * layer + 1)
 
@@ -150,6 +160,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config, i, variant) for i in range(config.n_layer))  # 2. rules
         self.output_step = variant.output_step(config)      # 3. output step
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.logit_step = variant.logit_step(config)        # the variant's logit scaling (nGPT), or None
         if config.tie_embeddings:
             self.wte.weight = self.lm_head.weight           # weight tying, as GPT-2
 
@@ -188,6 +199,8 @@ class GPT(nn.Module):
         if last_only:
             h = h[:, -1:, :]
         logits = self.lm_head(h)
+        if self.logit_step is not None:
+            logits = self.logit_step(logits)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -244,6 +257,11 @@ class GPT(nn.Module):
                                     f"{type(module).__name__}.optim_groups (one of {', '.join(PARAM_GROUPS)})")
                 groups[group].append((f"{mname}.{pname}" if mname else pname, p))
         return groups
+
+    def after_optimizer_step(self, applied: torch.Tensor) -> None:
+        """The trainer calls this after every optimizer step; `applied` is a 0-d bool device tensor
+        (False after a skipped step). The variant decides what, if anything, to do (nGPT renormalizes)."""
+        self.variant.after_step(self, applied)
 
     def fused_matrices(self) -> Dict[int, int]:
         """Weights that stack several matrices by rows, id(param) -> how many: attention's q, k, v.

@@ -26,7 +26,7 @@ from . import checkpoint as ck
 from . import distributed as D
 from .config import ConfigError, RunConfig, parse_run_config
 from .monitor import SpikeDetector, block_grad_norms, mfu, peak_flops, residual_rms
-from .optim import LRSchedule, attach_lr, build_optimizer, set_lr
+from .optim import LRSchedule, attach_lr, build_optimizer, for_variant, set_lr
 from .sinks import JsonlSink, Sink, WandbSink, truncate_jsonl
 
 log = logging.getLogger("nanonorm.train")
@@ -111,6 +111,7 @@ class Trainer:
         seed_all(t.seed)
         self.model = GPT(self.mcfg).to(self.device)
         seed_all(rank_seed(t.seed, d.rank))
+        self.o = for_variant(self.o, self.model.variant)  # what the variant fixes (nGPT: no decay, no warmup)
         self.opt = build_optimizer(self.model, self.o, self.device)
         self.sched = LRSchedule(self.o, t.max_steps)
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
@@ -334,6 +335,7 @@ class Trainer:
             self.opt.step()
         elif not bad.item():  # non-fused fallback: one host sync per step
             self.opt.step()
+        self.model.after_optimizer_step(~bad)  # the variant's post-step hook; a no-op unless applied
         self.opt.zero_grad(set_to_none=True)
         self.updates += (~bad).double()
         self.skipped += bad.long()

@@ -7,6 +7,8 @@ so a skipped (non-finite) step leaves the schedule where it was without a host s
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .config import ConfigError, OptimConfig
@@ -25,6 +27,19 @@ def group_settings(ocfg: OptimConfig) -> dict[str, tuple[float, float]]:
         g = getattr(ocfg.groups, name)
         out[name] = (g.lr_mult, ocfg.weight_decay if g.weight_decay is None else g.weight_decay)
     return out
+
+
+def for_variant(ocfg: OptimConfig, variant) -> OptimConfig:
+    """The optimizer config with the variant's `optim_overrides` applied (nGPT: no weight decay in any
+    group, no warmup). A `weight_decay` override sets every group's decay too."""
+    over = dict(getattr(variant, "optim_overrides", {}))
+    if not over:
+        return ocfg
+    if "weight_decay" in over:
+        wd = over["weight_decay"]
+        groups = {n: dataclasses.replace(getattr(ocfg.groups, n), weight_decay=wd) for n in ocfg.groups.names()}
+        over["groups"] = dataclasses.replace(ocfg.groups, **groups)
+    return dataclasses.replace(ocfg, **over)
 
 
 def build_optimizer(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device):
