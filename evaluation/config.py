@@ -10,10 +10,12 @@ from typing import Any, Optional
 
 import yaml
 
+from common import ConfigError
+
 DEFAULT_YAML = Path(__file__).resolve().parent.parent / "configs" / "eval" / "default.yaml"
 
 
-class EvalConfigError(ValueError):
+class EvalConfigError(ConfigError):
     """One line naming the bad key and what is valid."""
 
 

@@ -174,11 +174,11 @@ class GPTConfig:
         """
         m, n = dict(model_cfg), dict(norm_cfg)
         arch_keys = ("pos_emb", "rope_base", "rope_fraction", "mlp", "mlp_hidden", "qk_norm")
-        shape_keys = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_embeddings")
-        unknown = sorted(set(m) - set(arch_keys + shape_keys + MODEL_EXTRA_KEYS))
-        if unknown:
-            raise ConfigError(f"unknown model key(s) {unknown}: valid keys are "
-                              f"{sorted(arch_keys + shape_keys + MODEL_EXTRA_KEYS)}")
+        model_keys = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_embeddings",
+                      *arch_keys, *MODEL_EXTRA_KEYS}
+        unknown = sorted(set(m) - model_keys)
+        if unknown:  # e.g. `+model.foo=1` on the command line
+            raise ConfigError(f"unknown model key(s) {unknown}: valid keys are {sorted(model_keys)}")
         vs = m.get("vocab_size")
         if vs is None:
             if vocab_size is None:

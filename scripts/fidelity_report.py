@@ -136,13 +136,16 @@ def part_a(runs, out: Path) -> list[str]:
              "|---" * (4 + len(lrs)) + "|"]
     for i, (mean, label, b, losses, seed0) in enumerate(rows, 1):
         seeds = ",".join(str(r.seed) for r in b["runs"])
-        lines.append(f"| {i} | {label} | {float(b['value']):g} | {pm(losses)} ({seeds}) | "
+        tried = [float(v) for v in b["by_value"]]
+        edge = " (edge)" if len(tried) > 1 and float(b["value"]) in (min(tried), max(tried)) else ""
+        lines.append(f"| {i} | {label} | {float(b['value']):g}{edge} | {pm(losses)} ({seeds}) | "
                      + " | ".join(cell(seed0.get(lr)) for lr in lrs) + " |")
     n_tok = tokens(runs[0])
     lines += ["", f"Tokens per run: {n_tok:,}; {len(runs)} runs; summed training wall time "
               f"{wall(runs) / 3600:.2f} h of one core (two runs at a time). The best lr is chosen on seed 0; "
               "the mean ± std is over every seed run at it. *failed* = final loss above the initial one "
-              "or non-finite.", ""]
+              "or non-finite. *(edge)*: the best lr is the smallest or largest tried for that variant, so its "
+              "optimum may lie beyond (a best lr at an edge of 3e-4..3e-3 got one more lr beyond it).", ""]
     return lines
 
 

@@ -6,7 +6,8 @@
     python scripts/fidelity_study.py all -- train.max_steps=20   # any Hydra override, every run (quick check)
 
 Parts (each a sweep under <runs-root>/fidelity_<part>, resumable: rerun to skip finished points):
-  a  every variant at lr 3e-4, 1e-3, 3e-3 (seed 0), then seeds 1 and 2 at each variant's best lr;
+  a  every variant at lr 3e-4, 1e-3, 3e-3 (seed 0); where the best is at an edge of that grid, one more
+     lr beyond it (1e-4 or 1e-2); then seeds 1 and 2 at each variant's best lr;
   b  variants with step-size scalars: optim.groups.scalars.lr_mult 10, 30, 100 at their best lr (1 is in a);
   c  horizon: six variants at their best setting of (a)/(b), 8x the tokens, seeds 0 and 1;
   d  choice ablations of GeoNorm and 1-SpheretNorm at their best setting, seeds 0 and 1;
@@ -34,6 +35,7 @@ import runlib
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
 LR_GRID = ["3e-4", "1e-3", "3e-3"]
+LR_EDGES = {"3e-4": "1e-4", "3e-3": "1e-2"}  # one more lr beyond a best value at the grid's edge
 MULTS = ["10", "30", "100"]
 HORIZON = ["pre_ln", "post_ln", "peri_ln", "geonorm", "proj_spheret", "cay_spheret"]
 HORIZON_STEPS = 3200          # 8 x part (a)'s 400 steps
@@ -112,13 +114,17 @@ def fmt(v: float) -> str:
 def run_part(args, part: str) -> None:
     points = experiment_points("fidelity", args.labels)
     if part == "a":
+        grid = ["--grid", f"{KEY_LR}={','.join(['1e-4', *LR_GRID, '1e-2'])}"]
         only = ["--only", ",".join(f"{lbl}-lr-{lr}" for lbl in points for lr in LR_GRID)]
-        sweep(args, "fidelity_a", "--experiment", "fidelity", "--grid", f"{KEY_LR}={','.join(LR_GRID)}",
-              "--seeds", SEEDS_A, *only)
+        sweep(args, "fidelity_a", "--experiment", "fidelity", *grid, "--seeds", SEEDS_A, *only)
+        # A best lr at the grid's edge may not be the optimum: try one step beyond it (once).
+        edge = [f"{lbl}-lr-{LR_EDGES[lbl_lr]}" for lbl, b in best_lr(args).items() if lbl in points
+                for lbl_lr in [b["runs"][0].axes.get(KEY_LR)] if lbl_lr in LR_EDGES]
+        if edge:
+            sweep(args, "fidelity_a", "--experiment", "fidelity", *grid, "--seeds", SEEDS_A, "--only", ",".join(edge))
         best = best_lr(args)
         labels = [r.label for lbl, b in best.items() if lbl in points for r in b["runs"]]
-        sweep(args, "fidelity_a", "--experiment", "fidelity", "--grid", f"{KEY_LR}={','.join(LR_GRID)}",
-              "--seeds", "1,2", "--only", ",".join(labels))
+        sweep(args, "fidelity_a", "--experiment", "fidelity", *grid, "--seeds", "1,2", "--only", ",".join(labels))
     elif part == "b":
         best = best_lr(args)
         pts = {lbl: {**ovr, KEY_LR: best[lbl]["value"]} for lbl, ovr in points.items()
@@ -128,7 +134,8 @@ def run_part(args, part: str) -> None:
     elif part == "c":
         best = best_setting(args)
         pts = {lbl: {**points[lbl], KEY_LR: best[lbl]["lr"], KEY_MULT: best[lbl]["lr_mult"],
-                     "train.max_steps": HORIZON_STEPS, "train.eval_interval": 100} for lbl in HORIZON if lbl in points}
+                     "train.max_steps": HORIZON_STEPS, "train.eval_interval": 100,
+                     "train.ckpt_interval": 400} for lbl in HORIZON if lbl in points}  # resumable mid-run
         sweep(args, "fidelity_c", "--experiment", "fidelity", "--points", write_points(pts), "--seeds", SEEDS_C)
     elif part == "d":
         best = best_setting(args)

@@ -10,6 +10,8 @@ from typing import Optional, Union
 import numpy as np
 import torch
 
+from common import UserError
+
 from data.files import atomic_open
 
 FORMAT, VERSION = "nanonorm-ckpt", 1
@@ -17,7 +19,7 @@ _NAME = re.compile(r"^ckpt_(\d{8})\.pt$")
 _REQUIRED = ("step", "model", "model_config", "tokenizer", "optimizer", "scheduler", "rng", "loader", "config")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(UserError, RuntimeError):
     """A checkpoint that cannot be used; the message names the file and the problem."""
 
 

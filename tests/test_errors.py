@@ -1,0 +1,52 @@
+"""One root for user mistakes, one handler for every entry point."""
+import pytest
+
+from common import ConfigError, UserError, report_user_errors
+from common.registry import Registry
+
+
+def test_every_user_error_type_derives_from_user_error():
+    from data import DataError
+    from data.shards import ShardError
+    from evaluation.config import EvalConfigError
+    from model.config import ConfigError as ModelConfigError
+    from trainer.checkpoint import CheckpointError
+    from trainer.config import ConfigError as TrainConfigError
+    for cls in (DataError, ShardError, EvalConfigError, ModelConfigError, TrainConfigError, CheckpointError):
+        assert issubclass(cls, UserError), cls
+    assert ModelConfigError is TrainConfigError is ConfigError  # one config error, wherever it is raised
+
+
+def test_handler_prints_one_line_and_exits_2_for_user_errors(capsys):
+    def bad():
+        raise ConfigError("bad config train.max_steps=0:\n  must be a positive integer")
+    with pytest.raises(SystemExit) as e:
+        report_user_errors(bad)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err == "error: bad config train.max_steps=0: must be a positive integer\n"
+
+
+def test_handler_lets_bugs_keep_their_traceback():
+    def buggy():
+        return {}["missing"]
+    with pytest.raises(KeyError):
+        report_user_errors(buggy)
+    assert report_user_errors(lambda x: x + 1, 1) == 2
+
+
+def test_registry_lists_valid_names_and_refuses_duplicates():
+    reg = Registry("thing.kind")
+
+    @reg.register("a")
+    class A:
+        pass
+
+    reg.register("b")(lambda: 1)
+    assert A.name == "a" and list(reg) == ["a", "b"] and "a" in reg and len(reg) == 2
+    with pytest.raises(ConfigError, match=r"^unknown thing.kind='c': valid are a, b$"):
+        reg["c"]
+    with pytest.raises(ValueError, match="registered twice"):
+        reg.register("a")(A)
+    reg.unregister("b")
+    assert list(reg) == ["a"]
