@@ -388,11 +388,12 @@ class _NGPTQK(nn.Module):
 
 class _NGPTMLP(nn.Module):
     """u <- u * s_u;  v <- v * s_v * sqrt(d) (the activation's input, kept in its non-linear range);
-    s_u, s_v init 1, scale 1."""
+    s_u, s_v init 1, scale 1. A one-branch MLP (GELU, ReLU^2) has no u, so no s_u."""
 
     def __init__(self, cfg: "GPTConfig", hidden: int):
         super().__init__()
-        self.s_u = _ScaledVector(hidden, 1.0, 1.0)
+        if cfg.mlp == "swiglu":
+            self.s_u = _ScaledVector(hidden, 1.0, 1.0)
         self.s_v = _ScaledVector(hidden, 1.0, 1.0)
         self.sqrt_d = math.sqrt(cfg.n_embd)
 

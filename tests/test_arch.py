@@ -164,3 +164,19 @@ def test_unknown_model_key_and_arch_names():
         GPTConfig.from_hydra(dict(n_layer=2, n_head=2, n_embd=32, block_size=16, pos_embedding="rope"),
                              dict(name="pre_ln"), vocab_size=V)
     assert {p.stem for p in (ROOT / "configs" / "arch").glob("*.yaml")} == set(PRESETS)
+
+
+@pytest.mark.parametrize("arch", PRESETS)
+def test_every_variant_trains_every_parameter_on_every_preset(arch):
+    """Each parameter gets a finite gradient (an unused one would also break DDP), for every variant."""
+    x = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    base = preset(arch).to_dict()  # composed once; each variant then takes its own defaults (None)
+    for norm in VARIANTS:
+        torch.manual_seed(0)
+        model = GPT(GPTConfig.from_dict({**base, "norm": norm, "decay": None, "p": None, "embed_norm": None,
+                                         "final_norm": None}))
+        _, loss = model(x, x)
+        assert abs(loss.item() - math.log(V)) < 1.0, (arch, norm)
+        loss.backward()
+        for name, p in model.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, norm, name)
