@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import report_user_errors
+
 
 def run_dir_of(ckpt_path: Path):
     return ckpt_path.parent.parent if ckpt_path.parent.name == "checkpoints" else None
@@ -53,6 +55,10 @@ def resolve_data_dir(cfg, ckpt: dict, rt) -> Path:
         if tok is not None and tok != ckpt["tokenizer"]:
             raise EvalConfigError(f"data dir {d} is tokenized with {tok!r} but the checkpoint's model uses "
                              f"{ckpt['tokenizer']!r}; pass --data-dir of a split prepared with {ckpt['tokenizer']!r}")
+    if rt.is_main and d.is_dir():  # sha256 and token ids of the split's shards (once per shard, recorded)
+        from data import check_data_dir, get_tokenizer
+
+        check_data_dir(d, get_tokenizer(ckpt["tokenizer"]).vocab_size, splits=(cfg.split,), tokenizer=ckpt["tokenizer"])
     return d
 
 
@@ -63,25 +69,12 @@ def main(argv=None) -> int:
 
     add_flags(parser)
     args = parser.parse_args(argv)
-    try:
-        return evaluate(args)
-    except Exception as e:
-        if _is_user_error(e):  # bad input: one clear line, no traceback
-            print(f"eval.py: error: {e}", file=sys.stderr)
-            return 2
-        raise
-
-
-def _is_user_error(e: Exception) -> bool:
-    from data import DataError  # ShardError is a DataError
-    from evaluation.config import EvalConfigError
-    from model.config import ConfigError
-    from trainer.checkpoint import CheckpointError
-
-    return isinstance(e, (EvalConfigError, ConfigError, CheckpointError, DataError, FileNotFoundError))
+    return report_user_errors(evaluate, args)  # bad input: one line and exit 2; bugs keep their traceback
 
 
 def evaluate(args) -> int:
+    import torch
+
     from evaluation import runtime
     from evaluation.config import from_args
 
@@ -90,17 +83,22 @@ def evaluate(args) -> int:
 
     ckpt_path = resolve_checkpoint(args.path)
     rt = runtime.setup(cfg.device, cfg.dtype)
+    _, before = runtime.set_cpu_threads(cfg.threads, rt.device)
     try:
         return _evaluate(cfg, ckpt_path, rt)
     finally:
+        torch.set_num_threads(before)
         runtime.teardown()
 
 
 def _evaluate(cfg, ckpt_path: Path, rt) -> int:
+    import torch
+
     from data import get_tokenizer
+    from evaluation.config import EvalConfigError
     from trainer.checkpoint import load_model
 
-    from evaluation.report import log_wandb, markdown_table, write_json
+    from evaluation.report import log_wandb, markdown_table, write_merged
 
     def echo(msg):
         if rt.is_main:
@@ -108,9 +106,13 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
 
     t0 = time.time()
     model, ckpt = load_model(ckpt_path, device=rt.device)
+    if cfg.stride is not None and cfg.stride > model.config.block_size:
+        raise EvalConfigError(f"bad eval config stride={cfg.stride}: must be at most the model's block_size="
+                              f"{model.config.block_size} (tokens scored per window)")
     tokenizer = get_tokenizer(ckpt["tokenizer"])
     echo(f"eval: {ckpt_path} (step {ckpt['step']}, norm {model.config.norm}, {model.num_params() / 1e6:.2f}M params) "
-         f"on {rt.device} {str(rt.ptdtype).removeprefix('torch.')}, world size {rt.world_size}")
+         f"on {rt.device} {str(rt.ptdtype).removeprefix('torch.')}, world size {rt.world_size}"
+         + (f", {torch.get_num_threads()} CPU threads" if rt.device.type == "cpu" else ""))
     payload = {"checkpoint": str(ckpt_path), "step": ckpt["step"], "norm": model.config.norm,
                "tokenizer": ckpt["tokenizer"], "model_config": ckpt["model_config"],
                "eval_config": cfg.to_dict(), "world_size": rt.world_size, "device": str(rt.device),
@@ -140,13 +142,20 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
             bootstrap_iters=cfg.bootstrap_iters, seed=cfg.seed, echo=echo)
 
     payload["time_s"] = round(time.time() - t0, 2)
+    failed = payload.get("failed_tasks") or {}
     if rt.is_main:
-        out = write_json(cfg.out or default_out(ckpt_path, ckpt["step"]), payload)
         print(markdown_table(payload))
-        echo(f"wrote {out}")
-        if cfg.wandb and log_wandb(ckpt, run_dir_of(ckpt_path), payload):
-            echo(f"logged to wandb run {ckpt['wandb_run_id']}")
-    return 1 if payload.get("failed_tasks") and not payload.get("tasks") and payload.get("perplexity") is None else 0
+        out = Path(cfg.out or default_out(ckpt_path, ckpt["step"]))
+        if payload.get("perplexity") is None and not payload.get("tasks"):
+            # Nothing measured: a file holding earlier results keeps them untouched.
+            echo(f"nothing written: no evaluation succeeded" + (f" ({out} keeps its earlier results)" if out.exists() else ""))
+        else:
+            echo(f"wrote {write_merged(out, payload)} (merged with its earlier results for this checkpoint)")
+            if cfg.wandb and log_wandb(ckpt, run_dir_of(ckpt_path), payload):
+                echo(f"logged to wandb run {ckpt['wandb_run_id']}")
+        if failed:
+            echo(f"eval.py: {len(failed)} of {len(cfg.tasks)} requested task(s) failed or are unknown: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from common import ConfigError, report_user_errors
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -31,41 +33,44 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tokens kept when the context overflows block_size (default: block_size, as nanoGPT)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole window every token (slow; for checks)")
     p.add_argument("--device", default="auto")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (default: OMP_NUM_THREADS if set, else the cores not busy with other work)")
     p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA) | float32 | bfloat16 | float16")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        return sample(args)
-    except Exception as e:
-        if _is_user_error(e):  # bad input: one clear line, no traceback
-            print(f"sample.py: error: {e}", file=sys.stderr)
-            return 2
-        raise
-
-
-def _is_user_error(e: Exception) -> bool:
-    from model.config import ConfigError
-    from trainer.checkpoint import CheckpointError
-
-    return isinstance(e, (CheckpointError, ConfigError, ValueError, OSError))
+    return report_user_errors(sample, args)  # bad input: one line and exit 2; bugs keep their traceback
 
 
 def sample(args) -> int:
     import torch
 
-    from data import get_tokenizer
-    from evaluation.runtime import setup
-    from model.generate import check_generate_args, generate
-    from trainer.checkpoint import load_model, resolve_checkpoint
+    from evaluation.runtime import set_cpu_threads, setup
+    from trainer.checkpoint import resolve_checkpoint
 
     if args.num_samples < 1:
-        raise ValueError(f"--num-samples={args.num_samples}: must be >= 1")
+        raise ConfigError(f"--num-samples={args.num_samples}: must be >= 1")
+    if args.threads is not None and args.threads < 1:
+        raise ConfigError(f"--threads={args.threads}: must be >= 1")
     prompt = Path(args.prompt_file).read_text() if args.prompt_file else args.prompt
     ckpt_path = resolve_checkpoint(args.path)
     rt = setup(args.device, args.dtype)
+    _, before = set_cpu_threads(args.threads, rt.device)
+    try:
+        return _sample(args, prompt, ckpt_path, rt)
+    finally:
+        torch.set_num_threads(before)  # in-process callers get theirs back
+
+
+def _sample(args, prompt: str, ckpt_path, rt) -> int:
+    import torch
+
+    from data import get_tokenizer
+    from model.generate import check_generate_args, generate
+    from trainer.checkpoint import load_model
+
     model, ckpt = load_model(ckpt_path, device=rt.device)
     tok = get_tokenizer(ckpt["tokenizer"])
     ids = tok.encode(prompt) if prompt else [tok.eot]
@@ -89,7 +94,8 @@ def sample(args) -> int:
     n_new = out.size(1) - idx.size(1)
     print(f"sample: {args.num_samples} x {n_new} new tokens in {dt:.2f}s "
           f"({args.num_samples * n_new / max(dt, 1e-9):.1f} tokens/s, {'no cache' if args.no_cache else 'KV cache'}, "
-          f"{rt.device}; step {ckpt['step']} of {ckpt_path})", file=sys.stderr)
+          f"{rt.device}" + (f", {torch.get_num_threads()} threads" if rt.device.type == "cpu" else "")
+          + f"; step {ckpt['step']} of {ckpt_path})", file=sys.stderr)
     return 0
 
 

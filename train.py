@@ -5,15 +5,12 @@
     torchrun --nproc_per_node=8 train.py norm=geonorm  # DDP (NCCL on CUDA, gloo on CPU)
     python train.py train.resume=auto                 # continue the run dir's newest checkpoint
 """
-import logging
 import sys
 
 import hydra
 from omegaconf import DictConfig
 
-from data import DataError
-from trainer.checkpoint import CheckpointError
-from trainer.config import ConfigError
+from common import report_user_errors
 from trainer.distributed import env_rank, hydra_argv_for_rank
 
 
@@ -25,16 +22,18 @@ def main(cfg: DictConfig) -> dict:
 
 @hydra.main(config_path="configs", config_name="config", version_base=None)
 def _hydra_main(cfg: DictConfig) -> None:
-    try:
-        result = main(cfg)
-    except (ConfigError, DataError, CheckpointError) as e:
-        # One clear line, no traceback: these are user errors (bad override, unusable checkpoint).
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    if result.get("diverged"):
-        logging.getLogger("nanonorm.train").error(result.get("message", "diverged"))
+    # A user error (bad override, missing data, unusable checkpoint) is one line and exit 2; a
+    # diverged run has logged why, and exits 0 with its checkpoint and summary.
+    report_user_errors(main, cfg)
 
 
 if __name__ == "__main__":
+    if any(a in ("-h", "--help") for a in sys.argv[1:]):
+        from pathlib import Path
+
+        from trainer.cli_help import config_help
+
+        print(config_help(Path(__file__).resolve().parent / "configs"))
+        sys.exit(0)
     sys.argv = hydra_argv_for_rank(sys.argv, env_rank())
     _hydra_main()

@@ -2,9 +2,10 @@
 from .config import DataConfig, DataError
 from .loader import TrainLoader, ValLoader
 from .tokenizer import Tokenizer, get_tokenizer, register_tokenizer
+from .verify import check_data_dir
 
 __all__ = ["get_tokenizer", "prepare_dataset", "TrainLoader", "ValLoader", "Tokenizer", "register_tokenizer",
-           "DataConfig", "DataError"]
+           "DataConfig", "DataError", "check_data_dir"]
 
 
 def prepare_dataset(cfg, **kwargs):

@@ -35,6 +35,7 @@ class DataConfig:
     txt_sample_by: str = "document"   # .txt: one document per file | paragraph | line
     # split and shards
     val_fraction: float = 0.0005      # held-out fraction of DOCUMENTS (when there is no val split)
+    val_min_tokens: int = 8192        # held-out val is topped up to this many tokens from the corpus's end
     split_seed: int = 1337
     shard_size: int = 100_000_000     # tokens per shard (llm.c uses 100M)
     max_docs: int | None = None       # cap on documents read (quick runs); null = all
@@ -43,7 +44,8 @@ class DataConfig:
 
     # keys that change the prepared tokens: recorded in meta.json, compared on reuse
     CONTENT_KEYS = ("tokenizer", "source", "path", "subset", "revision", "split", "val_split", "text_column",
-                    "files", "val_files", "txt_sample_by", "val_fraction", "split_seed", "shard_size", "max_docs")
+                    "files", "val_files", "txt_sample_by", "val_fraction", "val_min_tokens", "split_seed", "shard_size",
+                    "max_docs")
 
     @classmethod
     def from_any(cls, cfg: Any) -> "DataConfig":
@@ -91,7 +93,7 @@ class DataConfig:
             bad("files", "source=local needs data.files (a glob or list of globs of .txt/.jsonl/.parquet)")
         if not isinstance(self.val_fraction, (int, float)) or not 0 <= self.val_fraction < 1:
             bad("val_fraction", "must be in [0, 1)")
-        for key, lo in (("shard_size", 1), ("batch_docs", 1), ("split_seed", 0)):
+        for key, lo in (("shard_size", 1), ("batch_docs", 1), ("split_seed", 0), ("val_min_tokens", 0)):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v < lo:
                 bad(key, f"must be an integer >= {lo}")

@@ -84,6 +84,9 @@ class _Windows:
         if not isinstance(block_size, int) or block_size < 1:
             raise DataError(f"block_size={block_size!r}: must be an integer >= 1")
         files = split_files(data_dir, split)
+        if not files and (Path(data_dir) / "meta.json").exists():
+            raise DataError(f"{data_dir}: the {split} split is empty (meta.json lists no {split} shards); prepare "
+                            f"it again with data.val_min_tokens > 0 or data.val_files")
         if not files:
             raise DataError(f"{data_dir}: no {split} shards (expected meta.json or {split}_*.bin files)")
         self.T = block_size
@@ -94,7 +97,9 @@ class _Windows:
         self.tokens = int(sum(len(s) for s in self.shards))
         if self.n == 0:
             raise DataError(f"{data_dir}: the {split} split has {self.tokens} tokens, too few for one "
-                            f"sequence of block_size+1={block_size + 1}")
+                            f"sequence of block_size+1={block_size + 1}"
+                            + ("; prepare it again with a larger data.val_min_tokens (or give data.val_files)"
+                               if split == "val" else ""))
         self._offsets = np.arange(block_size + 1, dtype=np.int64)
 
     def read(self, windows: np.ndarray) -> np.ndarray:

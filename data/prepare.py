@@ -10,6 +10,13 @@ are checked against the sha256 recorded for them. `meta.json` is written last: i
 """
 from __future__ import annotations
 
+if __name__ == "__main__" and not __package__:
+    # `python data/prepare.py ...` (the way nanoGPT's prepare scripts run): a file run as a script
+    # cannot use relative imports, so run the installed package's module, as `python -m data.prepare`.
+    import runpy
+    runpy.run_module("data.prepare", run_name="__main__", alter_sys=True)
+    raise SystemExit(0)
+
 import collections
 import fcntl
 import hashlib
@@ -22,12 +29,16 @@ from pathlib import Path
 
 import numpy as np
 
+from common import report_user_errors
+
 from .config import DataConfig, DataError
 from .files import atomic_write
 from .loader import GOLDEN_GAMMA, splitmix64
-from .shards import HEADER_BYTES, MAGIC, MAX_VOCAB, TOKEN_DTYPE, VERSION, sha256_file, shard_name, write_shard
+from .shards import (HEADER_BYTES, MAGIC, MAX_VOCAB, TOKEN_DTYPE, VERSION, open_shard, sha256_file, shard_name,
+                     write_shard)
 from .sources import open_streams
 from .tokenizer import get_tokenizer
+from .verify import RECORD
 
 META_FORMAT = "nanonorm-data"
 PROGRESS = "progress.json"
@@ -41,6 +52,41 @@ def held_out(doc_index: np.ndarray, seed: int, fraction: float) -> np.ndarray:
     with np.errstate(over="ignore"):
         x = splitmix64(doc_index.astype(np.uint64) + np.uint64(seed + 1) * GOLDEN_GAMMA)
     return (x >> np.uint64(11)).astype(np.float64) * (1.0 / 2 ** 53) < fraction
+
+
+def top_up_val(out: Path, writers: dict, min_tokens: int, eot: int) -> str:
+    """Give the held-out val split at least `min_tokens` tokens, taken from the end of the train split:
+    whole documents when they come close to the need (at most twice it), else the tail of the last
+    document (a corpus of one huge document). Returns what was done, for meta.json ("" if nothing)."""
+    train, val = writers["train"], writers["val"]
+    need = min_tokens - val.tokens
+    if need <= 0 or train.docs == 0:  # (no training documents: the empty-corpus error says it better)
+        return ""
+    if train.tokens - need < min_tokens:
+        raise DataError(f"the corpus has {train.tokens + val.tokens:,} tokens, too few for a validation split of "
+                        f"data.val_min_tokens={min_tokens:,} tokens and at least as many for training: add documents, "
+                        f"give data.val_files, or lower data.val_min_tokens")
+    # The train tokens not yet in a shard, plus finished shards taken back until they cover the need.
+    tail = train.buf[:train.n].copy()
+    while tail.size < 2 * need and train.shards:
+        sh = train.shards.pop()
+        tail = np.concatenate([np.array(open_shard(out / sh["file"])), tail])
+        (out / sh["file"]).unlink()
+    starts = np.flatnonzero(tail[:tail.size - need + 1] == eot)  # document starts leaving >= need tokens
+    if starts.size and tail.size - starts[-1] <= 2 * need:
+        cut = int(starts[-1])
+        moved, ndocs = tail[cut:], int(np.count_nonzero(tail[cut:] == eot))
+        train.docs -= ndocs
+        how = f"{ndocs} whole documents"
+    else:  # one document longer than twice the need: its tail becomes a val document of its own
+        cut = tail.size - need
+        moved, ndocs = np.concatenate([np.array([eot], dtype=tail.dtype), tail[cut:]]), 1
+        how = f"the last {need:,} tokens of the last document"
+    train.tokens -= tail.size
+    train.n = 0
+    train.append(tail[:cut], 0)
+    val.append(moved, ndocs)
+    return f"; topped up to data.val_min_tokens={min_tokens:,} with {how} from the end of the corpus"
 
 
 # -------------------------------------------------------------------------------------------- workers
@@ -167,7 +213,7 @@ def _save_progress(out: Path, content: dict, stream: int, docs_read: int, writer
 
 def _clear(out: Path) -> None:
     for f in out.iterdir():
-        if f.name != ".lock" and (f.suffix in (".bin", ".tmp", ".tail") or f.name in (PROGRESS, "meta.json")):
+        if f.name != ".lock" and (f.suffix in (".bin", ".tmp", ".tail") or f.name in (PROGRESS, "meta.json", RECORD)):
             f.unlink()
 
 
@@ -184,6 +230,8 @@ def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
     meta = json.loads(meta_path.read_text())
     old = meta.get("config", {})
     for k, v in cfg.content().items():
+        if k == "val_min_tokens" and k not in old and meta["splits"]["val"]["tokens"] >= v:
+            continue  # prepared before the key existed, and its val split is already that large
         if old.get(k) != v:
             raise DataError(f"{out} was prepared with data.{k}={old.get(k)!r}, not {v!r}: delete it, or set "
                             f"data.name (or data.root) to prepare elsewhere")
@@ -217,9 +265,18 @@ def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process preparing the same dir waits, then reuses it
         if not force and _check_prepared(cfg, out, verify):
             return out
+        out.mkdir(parents=True, exist_ok=True)  # the process we waited for may have failed and removed it
         if force:
             _clear(out)
-        _run(cfg, tok, out, progress, _fail_after_shards)
+        try:
+            _run(cfg, tok, out, progress, _fail_after_shards)
+        except DataError:
+            # Bad input fails the same way every time: nothing worth resuming, so leave no half-made dir.
+            _clear(out)
+            (out / ".lock").unlink(missing_ok=True)
+            if not any(out.iterdir()):
+                out.rmdir()
+            raise
     return out
 
 
@@ -316,6 +373,8 @@ def _run(cfg: DataConfig, tok, out: Path, progress, fail_after) -> None:
             state = None  # later streams start from 0
             _save_progress(out, content, si + 1, 0, writers)
         bar.close()
+        val_held_out = all(s.split is None for s in streams)
+        topped = top_up_val(out, writers, cfg.val_min_tokens, tok.eot) if val_held_out else ""
         splits = {s: w.finish() for s, w in writers.items()}
     finally:
         bar.close()
@@ -327,6 +386,12 @@ def _run(cfg: DataConfig, tok, out: Path, progress, fail_after) -> None:
     if splits["train"]["documents"] == 0:
         raise DataError(f"empty corpus: data.source={cfg.source} produced no non-empty training documents"
                         + (f" from data.files={cfg.files}" if cfg.source == "local" else ""))
+    if splits["val"]["tokens"] == 0:
+        raise DataError(f"the validation split ({'data.val_files' if cfg.val_files else f'data.val_split={cfg.val_split!r}'}) "
+                        f"has no documents; give one with documents, or leave it unset to hold out part of data.files")
+    if not val_held_out and splits["val"]["tokens"] < cfg.val_min_tokens:
+        _log(f"warning: the validation split has {splits['val']['tokens']:,} tokens, fewer than "
+             f"data.val_min_tokens={cfg.val_min_tokens:,}: validation loss will be noisy")
     meta = {
         "format": META_FORMAT, "version": 1, "name": cfg.name,
         "tokenizer": tok.name, "vocab_size": tok.vocab_size, "eot": tok.eot,
@@ -337,7 +402,7 @@ def _run(cfg: DataConfig, tok, out: Path, progress, fail_after) -> None:
                        **{f"stream{i}": s.info for i, s in enumerate(streams)}),
         "val_split": (f"dataset split {cfg.val_split!r}" if cfg.val_split else
                       "val_files" if cfg.source == "local" and cfg.val_files else
-                      f"held-out fraction {cfg.val_fraction} of documents, seed {cfg.split_seed}"),
+                      f"held-out fraction {cfg.val_fraction} of documents, seed {cfg.split_seed}" + topped),
         "splits": splits,
         "config": content,
         "seconds": round(time.time() - t0, 2),
@@ -396,15 +461,17 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: unknown flag {sorted(bad)[0]}; valid: --force, --verify", file=sys.stderr)
         return 2
-    try:
-        cfg = compose_data_config([a for a in argv if not a.startswith("--")])
-        out = prepare_dataset(cfg, force="--force" in flags, verify="--verify" in flags)
-    except DataError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    cfg = report_user_errors(compose_data_config, [a for a in argv if not a.startswith("--")])
+    out = report_user_errors(prepare_dataset, cfg, force="--force" in flags, verify="--verify" in flags)
     meta = json.loads((out / "meta.json").read_text())
     for s, v in meta["splits"].items():
-        print(f"{out}/{s}: {v['documents']:,} documents, {v['tokens']:,} tokens, {len(v['shards'])} shards")
+        docs = "? documents (adopted shards)" if v["documents"] is None else f"{v['documents']:,} documents"
+        print(f"{out}/{s}: {docs}, {v['tokens']:,} tokens, {len(v['shards'])} shards")
+    if "--verify" in flags:
+        shards = [sh for v in meta["splits"].values() for sh in v["shards"]]
+        unhashed = sum(sh["sha256"] is None for sh in shards)
+        print(f"verified: the sha256 of all {len(shards) - unhashed} shards matches {out / 'meta.json'}"
+              + (f"; {unhashed} adopted shards have no recorded sha256 (not checked)" if unhashed else ""))
     return 0
 
 

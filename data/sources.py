@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import glob
 import itertools
+import logging
 import os
 import sys
 import sysconfig
@@ -147,11 +148,31 @@ def _builder_for(key: str, files: list[str]) -> str:
     return builders.pop()
 
 
-def _load(cfg: DataConfig, path: str, split: str, **kw):
-    """The one call both hub and local data go through."""
+def _unreadable_types() -> tuple:
+    """What `datasets`/pyarrow raise on a file that is not what its extension says (binary, empty)."""
+    import pyarrow
+    from datasets.exceptions import DatasetGenerationError
+    return (StopIteration, UnicodeDecodeError, pyarrow.lib.ArrowException, DatasetGenerationError)
+
+
+def _unreadable(what: str, e: BaseException) -> DataError:
+    if e.__cause__ is not None and type(e).__name__ == "DatasetGenerationError":
+        e = e.__cause__  # the reader's own error (UnicodeDecodeError, ArrowInvalid, ...) says more
+    why = "no records (an empty file?)" if isinstance(e, StopIteration) else \
+        f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"
+    return DataError(f"{what}: cannot be read ({why}); check that the files are UTF-8 text, JSON lines or parquet "
+                     f"as their extension says")
+
+
+def _load(cfg: DataConfig, path: str, split: str, what: str = "", **kw):
+    """The one call both hub and local data go through (`what` names the files, for error messages)."""
     import datasets
+    # The json builder logs the parse error it then raises; we report it once, in our own line.
+    logging.getLogger("datasets.packaged_modules.json.json").setLevel(logging.CRITICAL)
     try:
         return datasets.load_dataset(path, split=split, streaming=cfg.streaming, cache_dir=cfg.cache_dir, **kw)
+    except _unreadable_types() as e:
+        raise _unreadable(what or f"data.path={path!r}", e) from None
     except FileNotFoundError as e:
         raise DataError(f"data.path={path!r}: {str(e).splitlines()[0] if str(e) else 'not found'}") from e
     except ValueError as e:
@@ -170,7 +191,10 @@ def _columns(ds) -> list[str]:
 
 
 def _ds_stream(cfg: DataConfig, ds, label: str, split: str | None, info: dict) -> Stream:
-    cols = _columns(ds)
+    try:
+        cols = _columns(ds)
+    except _unreadable_types() as e:
+        raise _unreadable(label, e) from None
     if cfg.text_column not in cols:
         raise DataError(f"data.text_column={cfg.text_column!r} not in {label}; valid columns: {', '.join(cols)}")
     ds = ds.select_columns([cfg.text_column])
@@ -179,8 +203,11 @@ def _ds_stream(cfg: DataConfig, ds, label: str, split: str | None, info: dict) -
 
     def batches(skip):
         d = ds.skip(skip) if skip else ds
-        for b in d.iter(batch_size=1024):
-            yield [t if isinstance(t, str) else ("" if t is None else str(t)) for t in b[col]]
+        try:  # streaming reads lazily: a bad record further in fails here, not when opening
+            for b in d.iter(batch_size=1024):
+                yield [t if isinstance(t, str) else ("" if t is None else str(t)) for t in b[col]]
+        except _unreadable_types() as e:
+            raise _unreadable(label, e) from None
 
     return Stream(label, split, total, batches, info)
 
@@ -213,9 +240,9 @@ def _local_streams(cfg: DataConfig) -> list[Stream]:
             continue
         info = {"builder": builder, "datasets": datasets.__version__,
                 "files": [{"path": f, "bytes": os.path.getsize(f)} for f in files[split]]}
-        ds = _load(cfg, builder, split, data_files=files, **kw)
-        streams.append(_ds_stream(cfg, ds, f"{builder} files {cfg.files if split == 'train' else cfg.val_files}",
-                                  out_split, info))
+        label = f"{builder} files {cfg.files if split == 'train' else cfg.val_files}"
+        ds = _load(cfg, builder, split, label, data_files=files, **kw)
+        streams.append(_ds_stream(cfg, ds, label, out_split, info))
     return streams
 
 

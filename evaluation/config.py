@@ -35,6 +35,7 @@ class EvalConfig:
     seed: int = 1234
     device: str = "auto"
     dtype: str = "auto"
+    threads: Optional[int] = None
     out: Optional[str] = None
     wandb: bool = True
 
@@ -42,7 +43,7 @@ class EvalConfig:
         def bad(key, valid):
             raise EvalConfigError(f"bad eval config {key}={getattr(self, key)!r}: {valid}")
 
-        for key in ("token_budget", "stride", "batch_size", "max_gen_toks"):
+        for key in ("token_budget", "stride", "batch_size", "max_gen_toks", "threads"):
             v = getattr(self, key)
             if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
                 bad(key, "must be a positive integer" + ("" if key in ("batch_size", "max_gen_toks") else " or null"))

@@ -18,6 +18,8 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from data.errors import DataError
+
 from .scoring import count_windows, plan_windows, score_batch
 
 
@@ -28,7 +30,7 @@ def split_shards(data_dir, split: str) -> list[Path]:
 
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
-        raise FileNotFoundError(f"data dir {data_dir} does not exist; prepare it with the run's data config "
+        raise DataError(f"data dir {data_dir} does not exist; prepare it with the run's data config "
                                 f"or pass --data-dir")
     files = split_files(data_dir, split)
     if not files:

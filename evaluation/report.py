@@ -1,6 +1,8 @@
 """eval.py's outputs: one JSON file with every metric, a markdown table, and the run's wandb run."""
 from __future__ import annotations
 
+import datetime
+import fcntl
 import json
 import math
 import os
@@ -15,6 +17,45 @@ def write_json(path, payload: dict) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write(path, json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def merge_results(path, new: dict) -> dict:
+    """`new` (one eval.py invocation) merged into what `path` already holds for the same checkpoint, so
+    successive evaluations keep every result: a task's newest result wins, a failure never replaces a
+    result, `perplexity` is the newest measurement, and `runs` lists every invocation with what it
+    measured (each perplexity setting included) and what failed."""
+    run = {"time": datetime.datetime.now().isoformat(timespec="seconds"), "eval_config": new.get("eval_config"),
+           "perplexity": new.get("perplexity"), "tasks": sorted(new.get("tasks") or {}),
+           "failed_tasks": new.get("failed_tasks") or {}, "time_s": new.get("time_s")}
+    path = Path(path)
+    old = json.loads(path.read_text()) if path.is_file() else None
+    def same(p):  # the same checkpoint: same file, step and training run (however the path was given)
+        return (str(Path(p["checkpoint"]).resolve()), p["step"], p.get("wandb_run_id"))
+
+    if not old or same(old) != same(new):
+        return {**new, "runs": [run]}
+    earlier = old.get("runs") or [{"eval_config": old.get("eval_config"), "perplexity": old.get("perplexity"),
+                                   "tasks": sorted(old.get("tasks") or {}), "failed_tasks": old.get("failed_tasks") or {}}]
+    merged = {**old, **new}
+    merged["perplexity"] = new.get("perplexity") or old.get("perplexity")
+    merged["tasks"] = {**(old.get("tasks") or {}), **(new.get("tasks") or {})}
+    failed = {**(old.get("failed_tasks") or {}), **(new.get("failed_tasks") or {})}
+    merged["failed_tasks"] = {t: why for t, why in failed.items() if t not in merged["tasks"]}
+    merged["runs"] = earlier + [run]
+    return merged
+
+
+def write_merged(path, payload: dict) -> Path:
+    """merge_results + write_json, under an exclusive lock on the directory (two eval.py at once on one
+    checkpoint must not lose each other's results)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return write_json(path, merge_results(path, payload))
+    finally:
+        os.close(fd)  # drops the lock
 
 
 def _fmt(v) -> str:

@@ -37,9 +37,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    from .config import EvalConfigError  # a ValueError: sample.py and eval.py both report it in one line
+
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise EvalConfigError(f"bad device {name!r}: valid: auto, cpu, cuda, cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device={name!r} but CUDA is not available; use device=cpu or auto")
+        raise EvalConfigError(f"bad device {name!r}: CUDA is not available here; use --device cpu or auto")
     return dev
 
 
@@ -51,6 +56,27 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name not in DTYPES:
         raise ValueError(f"dtype={name!r}: valid are auto, {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def cpu_threads(requested=None) -> int:
+    """Threads for torch on CPU: `requested`, else OMP_NUM_THREADS when set, else the cores not busy with
+    other work (usable cores minus the 1-minute load average, at least 1). torch's default, every core,
+    oversubscribes a loaded machine: token-by-token decoding then runs 100x slower than on one thread."""
+    if requested is not None:
+        return int(requested)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - round(os.getloadavg()[0]))
+
+
+def set_cpu_threads(requested, device: torch.device) -> tuple[int, int]:
+    """Apply cpu_threads() when running on CPU. Returns (threads now, threads before) so that an
+    in-process caller can restore torch's setting."""
+    before = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(cpu_threads(requested))
+    return torch.get_num_threads(), before
 
 
 def setup(device: str = "auto", dtype: str = "auto") -> Runtime:

@@ -15,6 +15,8 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
+from common import ConfigError
+
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,
                 top_p: Optional[float] = None, generator: Optional[torch.Generator] = None) -> torch.Tensor:
@@ -40,21 +42,21 @@ def check_generate_args(block_size: int, prompt_len: int, max_new_tokens: int, t
                         top_k: Optional[int], top_p: Optional[float], crop_keep: Optional[int]) -> int:
     """Validate once, with one clear line per problem; returns the effective crop_keep."""
     if prompt_len < 1:
-        raise ValueError("the prompt is empty: generation needs at least one token of context")
+        raise ConfigError("the prompt is empty: generation needs at least one token of context")
     if prompt_len > block_size:
-        raise ValueError(f"the prompt is {prompt_len} tokens, longer than the model's context "
+        raise ConfigError(f"the prompt is {prompt_len} tokens, longer than the model's context "
                          f"(block_size={block_size}); shorten it")
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens={max_new_tokens}: must be >= 0")
+        raise ConfigError(f"max_new_tokens={max_new_tokens}: must be >= 0")
     if not temperature >= 0:
-        raise ValueError(f"temperature={temperature}: must be >= 0 (0 = greedy)")
+        raise ConfigError(f"temperature={temperature}: must be >= 0 (0 = greedy)")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k}: must be >= 1 or unset")
+        raise ConfigError(f"top_k={top_k}: must be >= 1 or unset")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p={top_p}: must be in (0, 1] or unset")
+        raise ConfigError(f"top_p={top_p}: must be in (0, 1] or unset")
     keep = block_size if crop_keep is None else crop_keep
     if not 1 <= keep <= block_size:
-        raise ValueError(f"crop_keep={crop_keep}: must be in [1, block_size={block_size}]")
+        raise ConfigError(f"crop_keep={crop_keep}: must be in [1, block_size={block_size}]")
     return keep
 
 

@@ -77,7 +77,7 @@ def run_baseline(corpus: str, work: str, workers: int) -> dict:
     tokenized = ds.map(process, remove_columns=["text"], desc="tokenizing", num_proc=workers)
     arr_len = int(np.sum(tokenized["len"], dtype=np.uint64))
     arr = np.memmap(os.path.join(work, "train.bin"), dtype=np.uint16, mode="w+", shape=(arr_len,))
-    total_batches = 1024
+    total_batches = min(1024, len(tokenized))  # Dataset.shard cannot make more shards than rows
     idx = 0
     for batch_idx in range(total_batches):
         batch = tokenized.shard(num_shards=total_batches, index=batch_idx, contiguous=True).with_format("numpy")

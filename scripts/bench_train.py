@@ -10,6 +10,7 @@ everything else: LR on device, non-finite guard, per-step device buffers, log-st
 spike detection, JSONL/wandb sinks, stats steps.
 """
 import argparse
+import shutil
 import statistics
 import tempfile
 import time
@@ -90,6 +91,13 @@ def main():
     a = ap.parse_args()
     ov = [*a.overrides, f"train.max_steps={a.steps}"]
     tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
+    try:
+        run(a, ov, tmp)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # run dirs with checkpoints: never worth keeping
+
+
+def run(a, ov, tmp: Path) -> None:
     bare_s, harn_s, extra_s = [], [], []
     tr = make_trainer(ov, tmp / "warm")
     bare_loop(tr, a.warmup)

@@ -151,17 +151,30 @@ def part_a(runs, out: Path) -> list[str]:
 
 # ---- (b) step-size scalars ------------------------------------------------------------------------
 
+def final_scalars(run) -> dict[str, list[float]]:
+    """The learned step sizes at the end, read from the final checkpoint: GeoNorm a, b; SpheretNorm
+    alpha = softplus(rho); ScaleNorm g; DyT alpha (name -> values over sublayers)."""
+    import torch
+    ckpts = sorted((run.path / "checkpoints").glob("ckpt_*.pt"))
+    if not ckpts:
+        return {}
+    state = torch.load(ckpts[-1], map_location="cpu", weights_only=False)["model"]
+    out: dict[str, list[float]] = {}
+    for key, v in state.items():
+        name = key.rsplit(".", 1)[-1]
+        if v.dim() != 0 or name not in ("a", "b", "rho", "g", "alpha"):
+            continue
+        label = {"rho": "alpha", "alpha": "dyt alpha"}.get(name, name)
+        out.setdefault(label, []).append(float(torch.nn.functional.softplus(v) if name == "rho" else v))
+    return out
+
+
 def scalar_summary(run) -> tuple[str, str]:
     st = last_stats(run)
-    if not st:
-        return "—", "—"
     parts = []
-    for name in ("a", "b", "alpha"):
-        vals = [v for k, v in st.items() if k.startswith("step/") and k.endswith(f"/{name}")]
-        if vals:
-            parts.append(f"{name} {min(vals):.2f}..{max(vals):.2f} (mean {statistics.fmean(vals):.2f})")
-    if "step/embed_g" in st:
-        parts.append(f"g {st['step/embed_g']:.2f}")
+    for name, vals in final_scalars(run).items():
+        parts.append(f"{name} {vals[0]:.2f}" if len(vals) == 1 else
+                     f"{name} {min(vals):.2f}..{max(vals):.2f} (mean {statistics.fmean(vals):.2f})")
     angles = [v for k, v in st.items() if k.startswith("angle_mean/")]
     amax = [v for k, v in st.items() if k.startswith("angle_max/")]
     ang = (f"{statistics.fmean(angles):.3f} / {max(amax):.3f}" if angles else "—")
@@ -172,7 +185,7 @@ def part_b(runs_b, runs_a, out: Path) -> list[str]:
     best = runlib.best_over(by(runs_a, lambda r: r.base), KEY_LR)
     groups = by(runs_b, lambda r: r.base)
     lines = ["### (b) Step-size scalars: `optim.groups.scalars.lr_mult` at each variant's best lr (seed 0)", "",
-             "| variant | lr | lr_mult | final val loss | final scalars (min..max over sublayers) | "
+             "| variant | lr | lr_mult | final val loss | final scalars (min..max over sublayers; from the checkpoint) | "
              "angle: mean / max (rad) |", "|---|---|---|---|---|---|"]
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, rs in groups.items():
@@ -368,15 +381,20 @@ def report(root: Path, docs: Path) -> None:
     lines = ["# Fidelity study: generated tables", "",
              "Written by `bash scripts/run_fidelity_study.sh` (`scripts/fidelity_report.py`); the discussion is in "
              "`docs/fidelity_study.md`.", ""]
-    if a:
+    def done(name, runs):  # a part still running is reported once all its runs have finished
+        if runs and not all(r.finished for r in runs):
+            lines.extend([f"Part ({name}): in progress, {sum(r.finished for r in runs)} of {len(runs)} runs finished.", ""])
+            return False
+        return bool(runs)
+    if done("a", a):
         lines += part_a(a, out)
-    if b and a:
-        lines += part_b(b, a, out)
-    if c:
+        if done("b", b):
+            lines += part_b(b, a, out)
+    if done("c", c):
         lines += part_c(c, out)
-    if d:
+    if done("d", d):
         lines += part_d(d, out)
-    if e:
+    if done("e", e):
         lines += part_e(e, out)
     abl = []
     for r in a + e:
@@ -391,7 +409,7 @@ def report(root: Path, docs: Path) -> None:
         t = json.loads(times.read_text())
         lines += ["### Wall time per part (two runs at a time, one thread each; summed over resumed sessions)", "",
                   "| part | wall time |", "|---|---|"] + [f"| {k} | {v / 60:.0f} min |" for k, v in t.items()] + [""]
-    missing = [name for name, runs in zip("abcde", (a, b, c, d, e)) if not runs]
+    missing = [name for name, runs in zip("abcde", (a, b, c, d, e)) if not runs]  # not started
     if missing:
         lines += [f"Parts not run yet: {', '.join(missing)}.", ""]
     atomic_write(out / "tables.md", "\n".join(lines).rstrip() + "\n")

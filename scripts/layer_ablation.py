@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from data.files import atomic_write
+from common import report_user_errors
 from data.loader import ValLoader
 from trainer.checkpoint import load_model
 
@@ -84,7 +85,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    result = ablate(args.run_dir, args.tokens)
+    result = report_user_errors(ablate, args.run_dir, args.tokens)  # a bad run dir: one line
     out = args.run_dir / "layer_ablation.json"
     atomic_write(out, json.dumps(result, indent=1) + "\n")
     plot(result, args.out or args.run_dir / "layer_ablation.png")

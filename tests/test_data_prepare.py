@@ -73,8 +73,9 @@ def write_jsonl(path, texts, key="text"):
 
 
 def cfg(tmp_path, **kw):
+    # val_min_tokens=0: these corpora are tiny and their held-out fraction is what is under test
     d = dict(name="t", tokenizer="bytes", root=str(tmp_path / "cache"), source="local",
-             cache_dir=str(tmp_path / "hf"), num_workers=1, batch_docs=16, val_fraction=0.2)
+             cache_dir=str(tmp_path / "hf"), num_workers=1, batch_docs=16, val_fraction=0.2, val_min_tokens=0)
     d.update(kw)
     return d
 
@@ -308,3 +309,93 @@ def test_existing_llmc_shards_are_adopted(tmp_path):
 
 def torch_equal_shift(x, y):
     return bool((y[:, :-1] == x[:, 1:]).all())
+
+
+def run_prepare(*args, script=False):
+    cmd = [sys.executable, "data/prepare.py"] if script else [sys.executable, "-m", "data.prepare"]
+    return subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True, timeout=180)
+
+
+def test_readme_adopt_shards_command_works_and_reruns(tmp_path):
+    """README: `python -m data.prepare data=local data.name=fw10B data.source=shards data.path=DIR`."""
+    src = tmp_path / "fineweb10B"
+    src.mkdir()
+    write_shard(src / "fineweb_val_000000.bin", np.arange(100, 300, dtype=np.uint16))
+    write_shard(src / "fineweb_train_000001.bin", np.arange(1000, 1500, dtype=np.uint16))
+    for attempt in range(2):  # the second run finds it prepared and prints the same summary
+        r = run_prepare("data=local", "data.name=fw10B", "data.source=shards", f"data.path={src}",
+                        f"data.root={tmp_path / 'cache'}")
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "train: ? documents (adopted shards), 500 tokens, 1 shards" in r.stdout, r.stdout
+
+
+def test_prepare_runs_as_a_script_too(tmp_path):
+    f = write_jsonl(tmp_path / "c.jsonl", DOCS * 2)
+    r = run_prepare("data=local", "data.name=s", "data.tokenizer=bytes", f"data.files={f}", f"data.root={tmp_path}",
+                    "data.num_workers=1", "data.val_fraction=0.2", script=True)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "s-bytes/train:" in r.stdout and (tmp_path / "s-bytes" / "meta.json").exists()
+    assert run_prepare("--help", script=True).returncode == 0
+
+
+def test_held_out_val_split_is_topped_up_to_a_usable_size(tmp_path):
+    # The README's local example: 600 short documents, the default val_fraction holds out about one.
+    docs = [f"Document {i}: " + BASE[i % len(BASE)] * 3 for i in range(600)]
+    f = write_jsonl(tmp_path / "c.jsonl", docs)
+    out = prepare_dataset(cfg(tmp_path, files=[str(f)], val_fraction=0.0005, val_min_tokens=8192), progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    val = split_texts(out, "val")
+    assert meta["splits"]["val"]["tokens"] >= 8192 and "topped up" in meta["val_split"]
+    assert sorted(split_texts(out, "train") + val) == sorted(docs)  # whole documents, each in one split
+    assert meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"] == sum(len(d.encode()) + 1 for d in docs)
+    assert len(list(ValLoader(out, 8, 256, token_budget=65536))) >= 1  # training's validation can run (tiny: block 256)
+
+    # .txt split into paragraphs: the held-out rule alone would give no validation document at all
+    (tmp_path / "p.txt").write_text("\n\n".join(docs))
+    out = prepare_dataset(cfg(tmp_path, name="p", files=[str(tmp_path / "p.txt")], txt_sample_by="paragraph",
+                              val_fraction=0.0005, val_min_tokens=4096), progress=False)
+    assert json.loads((out / "meta.json").read_text())["splits"]["val"]["tokens"] >= 4096
+
+    # one huge document: its tail becomes the validation split
+    big = "".join(docs)
+    f = write_jsonl(tmp_path / "one.jsonl", [big])
+    out = prepare_dataset(cfg(tmp_path, name="one", files=[str(f)], val_fraction=0.0005, val_min_tokens=5000,
+                              shard_size=7000), progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["splits"]["val"]["tokens"] == 5001 and meta["splits"]["val"]["documents"] == 1  # eot + tail
+    (head,), (tail,) = split_texts(out, "train"), split_texts(out, "val")
+    assert head + tail == big and len(tail.encode()) == 5000
+
+    # too small a corpus for that: one line at preparation time, saying what to set; no directory left
+    f = write_jsonl(tmp_path / "small.jsonl", docs[:20])
+    with pytest.raises(DataError, match=r"the corpus has [\d,]+ tokens, too few for a validation split of "
+                                        r"data.val_min_tokens=8,192 .*lower data.val_min_tokens"):
+        prepare_dataset(cfg(tmp_path, name="small", files=[str(f)], val_fraction=0.0005, val_min_tokens=8192),
+                        progress=False)
+    assert not (tmp_path / "cache" / "small-bytes").exists()
+
+
+@pytest.mark.parametrize("name, content, needle", [
+    ("empty.jsonl", b"", "no records (an empty file?)"),
+    ("bin.jsonl", bytes(range(256)) * 8, "ArrowInvalid"),
+    ("bin.txt", bytes(range(128, 256)) * 8, "UnicodeDecodeError"),
+], ids=["empty.jsonl", "bin.jsonl", "bin.txt"])
+def test_unreadable_files_are_one_line_and_leave_no_directory(tmp_path, name, content, needle):
+    (tmp_path / name).write_bytes(content)
+    r = run_prepare("data=local", "data.name=bad", "data.tokenizer=bytes", f"data.files={tmp_path / name}",
+                    f"data.root={tmp_path / 'cache'}", "data.num_workers=1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and name in last and needle in last and "cannot be read" in last
+    assert not (tmp_path / "cache" / "bad-bytes").exists()
+
+
+def test_verify_ends_with_a_line_that_every_sha256_matched(tmp_path):
+    f = write_jsonl(tmp_path / "c.jsonl", DOCS * 2)
+    args = ["data=local", "data.name=v", "data.tokenizer=bytes", f"data.files={f}", f"data.root={tmp_path}",
+            "data.num_workers=1", "data.val_fraction=0.2", "data.shard_size=3000"]
+    assert run_prepare(*args).returncode == 0
+    r = run_prepare(*args, "--verify")
+    n = sum(len(s["shards"]) for s in json.loads((tmp_path / "v-bytes" / "meta.json").read_text())["splits"].values())
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == \
+        f"verified: the sha256 of all {n} shards matches {tmp_path / 'v-bytes' / 'meta.json'}"

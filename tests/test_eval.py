@@ -207,7 +207,10 @@ def test_perplexity_matches_direct_computation(tmp_path):
 def run_eval(capsys, *argv):
     import eval as eval_cli
 
-    rc = eval_cli.main([str(a) for a in argv])
+    try:
+        rc = eval_cli.main([str(a) for a in argv])
+    except SystemExit as e:  # a user error: one line on stderr, exit 2
+        rc = e.code
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -298,3 +301,87 @@ def test_torchrun_splits_evaluation_across_ranks(tmp_path):
     lm1 = NanoLM(model, get_tokenizer("bytes"))
     results, _ = run_tasks(lm1, ["toy_mc"], include_path=str(tmp_path), bootstrap_iters=0, echo=lambda m: None)
     assert res["tasks"]["toy_mc"]["acc"] == results["toy_mc"]["acc"] and res["tasks"]["toy_mc"]["samples"] == 4
+
+
+def test_successive_evaluations_keep_every_result_and_failures_exit_nonzero(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
+    write_split(tmp_path / "data", [2 * BLOCK + 1, 40])
+    run = tmp_path / "runs" / "r"
+    save_ckpt(run / "checkpoints" / "ckpt_00000005.pt", tiny_model(seed=3), tmp_path / "data", step=5)
+    out = run / "eval" / "eval_00000005.json"
+    write_task(tmp_path)
+    write_task(tmp_path, "toy_missing", data_file=tmp_path / "nowhere.jsonl")  # its data cannot be loaded
+    common = ["--include-path", tmp_path, "--bootstrap-iters", "0", "--wandb", "false"]
+
+    rc, _, err = run_eval(capsys, run, "--tasks", "none", *common)
+    assert rc == 0, err
+    good = json.loads(out.read_text())
+    assert good["perplexity"]["stride"] == BLOCK
+    # a failed evaluation (the task's data is unavailable) writes nothing over a good result, and says so
+    rc, _, err = run_eval(capsys, run, "--split", "null", "--tasks", "toy_missing", *common)
+    assert rc == 1 and "nothing written" in err and "toy_missing" in err
+    assert json.loads(out.read_text()) == good
+    # another evaluation of the same checkpoint adds its results; the perplexity stays
+    rc, _, err = run_eval(capsys, run, "--split", "null", "--tasks", "toy_mc", *common)
+    assert rc == 0, err
+    res = json.loads(out.read_text())
+    assert res["perplexity"] == good["perplexity"] and set(res["tasks"]) == {"toy_mc"}
+    # a second perplexity setting is kept beside the first; a partly failed run exits 1 but keeps what worked
+    rc, _, err = run_eval(capsys, run, "--stride", "8", "--tasks", "toy_mc,toy_missing", *common)
+    assert rc == 1 and "1 of 2 requested task(s) failed or are unknown: toy_missing" in err
+    res = json.loads(out.read_text())
+    assert [r["perplexity"]["stride"] for r in res["runs"] if r["perplexity"]] == [BLOCK, 8]
+    assert res["perplexity"]["stride"] == 8 and set(res["tasks"]) == {"toy_mc"}
+    assert res["failed_tasks"] == {"toy_missing": res["runs"][-1]["failed_tasks"]["toy_missing"]}
+    assert len(res["runs"]) == 3  # the failed invocation wrote nothing
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--device", "cuda"], "bad device 'cuda': CUDA is not available here"),
+    (["--stride", "17"], f"bad eval config stride=17: must be at most the model's block_size={BLOCK}"),
+    (["--threads", "0"], "bad eval config threads=0: must be a positive integer"),
+])
+def test_impossible_eval_settings_give_one_clear_line(tmp_path, capsys, monkeypatch, argv, needle):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    ckpt = save_ckpt(tmp_path / "c.pt", tiny_model())
+    write_split(tmp_path / "data", [40])
+    rc, _, err = run_eval(capsys, ckpt, "--tasks", "none", "--data-dir", tmp_path / "data", *argv)
+    assert rc == 2 and needle in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_shard_with_ids_outside_the_vocabulary_is_named(tmp_path, capsys):
+    ckpt = save_ckpt(tmp_path / "c.pt", tiny_model())
+    (tmp_path / "data").mkdir()
+    write_shard(tmp_path / "data" / shard_name("val", 0), np.where(np.arange(50) == 30, 300, 5).astype(np.uint16))
+    rc, _, err = run_eval(capsys, ckpt, "--tasks", "none", "--data-dir", tmp_path / "data")
+    last = err.strip().splitlines()[-1]
+    assert rc == 2 and "Traceback" not in err, err
+    assert last.startswith("eval.py: error: ") and "val_000000.bin: token id 300 is outside the vocabulary of bytes (257 ids)" in last
+
+
+def test_a_data_file_given_as_checkpoint_gets_fitting_advice(tmp_path, capsys):
+    f = tmp_path / "corpus.jsonl"
+    f.write_text('{"text": "hello"}\n')
+    rc, _, err = run_eval(capsys, f, "--tasks", "none")
+    assert rc == 2 and "corpus.jsonl is corrupt or unreadable" in err and "delete it" not in err
+    assert "give a run dir or a ckpt_*.pt file written by train.py" in err and len(err.strip().splitlines()) == 1
+
+
+def test_eval_threads_option_and_cpu_default(tmp_path, capsys, monkeypatch):
+    from evaluation import runtime
+
+    ckpt = save_ckpt(tmp_path / "c.pt", tiny_model())
+    write_split(tmp_path / "data", [40])
+    rc, _, err = run_eval(capsys, ckpt, "--tasks", "none", "--data-dir", tmp_path / "data", "--threads", "2")
+    assert rc == 0 and "2 CPU threads" in err, err
+    assert torch.get_num_threads() == 1  # restored for the caller
+    # default: OMP_NUM_THREADS when set, else the cores not busy (a loaded machine: 1 thread)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert runtime.cpu_threads() == 3 and runtime.cpu_threads(5) == 5
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(runtime.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (2.4, 2.0, 2.0))
+    assert runtime.cpu_threads() == 1
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (0.1, 0.0, 0.0))
+    assert runtime.cpu_threads() == 2

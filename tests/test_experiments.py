@@ -366,6 +366,36 @@ d = Path(kv["out_dir"]); d.mkdir(parents=True, exist_ok=True)
     assert calls.read_text().split()[3:] == ["post_ln-s0"]  # only the unfinished point ran again
 
 
+def test_usage_examples_name_existing_experiments():
+    import re
+    texts = {p.name: p.read_text() for p in [*SCRIPTS.glob("*.py"), *SCRIPTS.glob("*.sh"), REPO / "README.md"]}
+    used = {(name, m) for name, t in texts.items() for m in re.findall(r"--experiment[ =]([A-Za-z0-9_]+)", t)}
+    assert {m for _, m in used} >= {"cpu_study"}
+    assert [u for u in used if u[1] not in EXPERIMENTS] == []
+
+
+def test_bench_data_baseline_on_a_corpus_smaller_than_its_batch_count(tmp_path):
+    bench = _load("bench_data")
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps({"text": f"document {i} " * 20}) + "\n" for i in range(30)))
+    (tmp_path / "w").mkdir()
+    res = bench.run_baseline(str(corpus), str(tmp_path / "w"), workers=1)
+    assert res["tokens"] > 30 * 20
+
+
+def test_bench_train_leaves_no_temp_dirs(tmp_path):
+    import os
+    import subprocess
+    from test_train import TINY
+
+    env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
+    r = subprocess.run([sys.executable, str(SCRIPTS / "bench_train.py"), "--steps", "2", "--repeats", "1",
+                        "--warmup", "1", *TINY], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "median: bare" in r.stdout
+    assert not list(tmp_path.glob("bench_train_*"))
+
+
 def test_sweep_jobs_run_points_concurrently_with_points_file(tmp_path: Path) -> None:
     """--jobs 2 overlaps two points (each stand-in waits until both have started); --points gives
     labelled overrides; each point's output goes to its run dir's sweep.log."""

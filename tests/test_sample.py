@@ -83,7 +83,10 @@ def save_ckpt(path, model):
 def run_sample(capsys, *argv):
     import sample as sample_cli
 
-    rc = sample_cli.main([str(a) for a in argv])
+    try:
+        rc = sample_cli.main([str(a) for a in argv])
+    except SystemExit as e:  # a user error: one line on stderr, exit 2
+        rc = e.code
     out = capsys.readouterr()
     return rc, out.out, out.err
 
@@ -110,3 +113,12 @@ def test_sample_cli_errors(tmp_path, capsys):
         rc, out, err = run_sample(capsys, *argv)
         assert rc == 2 and needle in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_sample_threads_option(tmp_path, capsys):
+    ckpt = save_ckpt(tmp_path / "ckpt.pt", tiny_model())
+    rc, _, err = run_sample(capsys, ckpt, "--max-new-tokens", "4", "--threads", "2")
+    assert rc == 0 and "cpu, 2 threads" in err, err
+    assert torch.get_num_threads() == 1  # restored for the caller
+    rc, _, err = run_sample(capsys, ckpt, "--threads", "0")
+    assert rc == 2 and "--threads=0: must be >= 1" in err

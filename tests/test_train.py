@@ -6,6 +6,7 @@ Tiny models (2 layers, d=32, block 32) on the byte-tokenized pydocs corpus, prep
 import json
 import math
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -230,3 +231,145 @@ def test_sigusr1_and_sigterm_only_set_a_flag():
     finally:
         stop.uninstall()
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_run_dir_is_claimed_for_the_whole_run(tmp_path):
+    """A second run into a run dir that a live run holds is refused at once, even before the first
+    has written anything; the claim is released when the first ends."""
+    from trainer import distributed as D
+    from trainer.config import parse_run_config
+    from trainer.loop import Trainer
+
+    cfg = make_cfg(tmp_path, "train.max_steps=2")
+    first = Trainer(cfg, parse_run_config(cfg), D.init_distributed("cpu"))
+    first.setup()  # claimed, nothing trained or logged yet
+    try:
+        for extra in ([], ["train.resume=auto"], ["train.overwrite=true"]):
+            with pytest.raises(ConfigError, match=r"run dir .* is in use by another train.py \(pid \d+"):
+                train(make_cfg(tmp_path, "train.max_steps=2", *extra))
+        first.run()
+    finally:
+        first.close()
+    assert len(records(tmp_path, "summary")) == 1
+    train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto"))  # free again
+
+
+def test_stale_checkpoint_temp_files_are_removed_when_the_run_dir_is_claimed(tmp_path):
+    train(make_cfg(tmp_path, "train.max_steps=2"))
+    stale = [tmp_path / "checkpoints" / ".ckpt_00000004.pt.12345.tmp", tmp_path / ".config.yaml.12345.tmp",
+             tmp_path / "checkpoints" / ".ckpt_00000003.pt.tmp999"]  # (the last: an older version's name)
+    for p in stale:
+        p.write_bytes(b"half a file from a killed write")
+    train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto"))
+    assert not any(p.exists() for p in stale)
+
+
+def test_resume_reports_config_changes_and_guards_exactness(tmp_path, caplog):
+    train(make_cfg(tmp_path, "train.max_steps=2", "train.ckpt_interval=1"))
+    old_cfg = (tmp_path / "config.yaml").read_text()
+    # a changed seed (or data, or batch) would not continue the same data order: refused, naming the key
+    with pytest.raises(ConfigError, match=r"ckpt_00000002\.pt with train\.seed 1337 -> 7 would not continue the same data order: "
+                       r"pass train\.resume_force=true"):
+        train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto", "train.seed=7"))
+    with pytest.raises(ConfigError, match=r"with train\.batch_tokens 256 -> 512 would"):
+        train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto", "train.batch_tokens=512"))
+    assert (tmp_path / "config.yaml").read_text() == old_cfg  # a refused resume changes nothing
+    # a changed LR is allowed, and said
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto", "optim.lr=0.002"))
+    assert "changed config: optim.lr 0.001 -> 0.002" in caplog.text
+    assert "lr: 0.002" in (tmp_path / "config.yaml").read_text()
+    assert (tmp_path / "config_until_00000002.yaml").read_text() == old_cfg  # the old config kept beside
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        train(make_cfg(tmp_path, "train.max_steps=4", "train.resume=auto", "optim.lr=0.002", "train.seed=7",
+                       "train.resume_force=true"))
+    assert "train.seed 1337 -> 7" in caplog.text and "data order differs" in caplog.text
+    assert ck.load_checkpoint(ck.find_latest(tmp_path))["step"] == 4
+
+
+def test_warmup_longer_than_the_run_warns(tmp_path, caplog):
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        train(make_cfg(tmp_path, "train.max_steps=3", "optim.warmup_steps=10"))
+    assert "optim.warmup_steps=10 >= train.max_steps=3" in caplog.text and "never reaches the peak" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        train(make_cfg(tmp_path / "ok", "train.max_steps=3", "optim.warmup_steps=2"))
+    assert "warmup" not in caplog.text
+
+
+def test_console_has_an_eta_and_an_end_of_training_summary(tmp_path, caplog):
+    with caplog.at_level("INFO", logger="nanonorm.train"):
+        train(make_cfg(tmp_path, "train.max_steps=4", "logging.console=true", "train.eval_interval=2"))
+    steps = [m for m in caplog.messages if m.startswith("step ") and "/4 |" in m]
+    assert len(steps) == 4 and all(re.search(r"\| eta \d+", m) for m in steps[:-1])
+    text = "\n".join(caplog.messages)
+    s = records(tmp_path, "summary")[0]
+    assert f"finished: 4 steps, 1,024 tokens" in text and "tok/s" in text
+    assert f"final {s['final_val_loss']:.4f} (ppl {s['final_val_ppl']:.2f}), best {s['best_val_loss']:.4f}" in text
+    assert "spikes: loss 0, grad norm 0 | skipped steps 0" in text
+    assert f"checkpoint {tmp_path / 'checkpoints' / 'ckpt_00000004.pt'}" in text
+    assert f"metrics {tmp_path / 'metrics.jsonl'}" in text and "wandb disabled" in text
+    for cmd in (f"python eval.py {tmp_path}", f"python sample.py {tmp_path}", f"python scripts/plot_curves.py {tmp_path}"):
+        assert cmd in text
+
+
+def test_resuming_a_finished_run_says_it_is_complete(tmp_path, caplog):
+    train(make_cfg(tmp_path, "train.max_steps=2"))
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        r = train(make_cfg(tmp_path, "train.max_steps=2", "train.resume=auto"))
+    assert r["steps"] == 2
+    assert "is already complete (step 2, train.max_steps=2)" in caplog.text
+    assert "pass a larger train.max_steps with train.resume=auto" in caplog.text
+
+
+def test_cuda_device_without_cuda_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"^bad config train\.device='cuda': torch sees no CUDA device"):
+        train(make_cfg(tmp_path, "train.device=cuda"))
+
+
+def _prepared_copy(tmp_path):
+    """A private copy of the test corpus's prepared dir (the shared one must stay intact)."""
+    import shutil
+    from data import prepare_dataset
+
+    src = prepare_dataset(make_cfg(tmp_path / "unused").data)
+    dst = tmp_path / "data" / src.name
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(".lock", "verified.json"))
+    return dst
+
+
+def test_bit_flipped_shard_is_caught_once_and_checks_are_recorded(tmp_path, monkeypatch):
+    from data import DataError
+    import data.verify as V
+
+    d = _prepared_copy(tmp_path)
+    root = [f"data.root={d.parent}"]
+    train(make_cfg(tmp_path / "ok", *root, "train.max_steps=1"))
+    assert (d / "verified.json").exists()
+    # a second run only stats the files: no shard is read again
+    monkeypatch.setattr(V, "_scan", lambda p: pytest.fail(f"{p} read again"))
+    train(make_cfg(tmp_path / "ok2", *root, "train.max_steps=1"))
+    monkeypatch.undo()
+    shard = d / "train_000000.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[5000] ^= 0x01  # one bit, same size: only the sha256 can tell
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(DataError, match=r"train_000000\.bin: sha256 does not match .*meta\.json"):
+        train(make_cfg(tmp_path / "flip", *root, "train.max_steps=1"))
+
+
+def test_token_ids_outside_the_vocabulary_name_the_shard(tmp_path):
+    import numpy as np
+    from data import DataError
+    from data.shards import write_shard
+
+    src = tmp_path / "llmc"
+    src.mkdir()
+    write_shard(src / "x_train_000000.bin", np.arange(4000, dtype=np.uint16) % 257)
+    write_shard(src / "x_val_000000.bin", np.where(np.arange(2000) == 1500, 300, 7).astype(np.uint16))
+    data = ["data=local", "data.source=shards", f"data.path={src}", "data.name=llmc", "data.tokenizer=bytes",
+            f"data.root={tmp_path / 'cache'}"]
+    with pytest.raises(DataError, match=r"x_val_000000\.bin: token id 300 is outside the vocabulary of bytes \(257 ids\)"):
+        train(make_cfg(tmp_path / "run", *data, "train.max_steps=1"))

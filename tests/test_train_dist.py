@@ -2,6 +2,7 @@
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -97,3 +98,91 @@ def test_wandb_offline_run_has_the_logged_keys_and_keeps_its_id(tmp_path):
     for key in (b"train/loss", b"train/loss_max", b"train/lr", b"train/grad_norm", b"train/tokens_per_s",
                 b"eval/val_loss", b"eval/val_ppl", b"stats/rms/0", b"stats/grad_norm/block0", b"final_val_loss"):
         assert key in blob, key
+
+
+def _worker_pid(parent: int, rank: int) -> int:
+    """The pid of torchrun's worker of a given rank (its child with RANK=<rank> in the environment)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            env = (stat.parent / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(fields[1]) == parent and f"RANK={rank}".encode() in env:
+            return int(stat.parent.name)
+    raise AssertionError(f"no rank {rank} worker under pid {parent}")
+
+
+def test_ddp_sigterm_is_acted_on_within_two_steps(tmp_path):
+    """Only rank 1 gets SIGTERM, between log steps (log_interval 1000): every rank must stop at the same
+    step, one or two steps later, with a checkpoint; the message is printed once."""
+    run = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             "train.py", *TINY, "train.max_steps=100000", "logging.log_interval=1000",
+                             "train.eval_interval=100000", "train.ckpt_interval=5", "train.keep_last=1000",
+                             "logging.console=true", f"out_dir={run}"],
+                            cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 180
+        while not ck.ckpt_path(run, 5).exists():
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()[-3000:]
+            time.sleep(0.02)
+        os.kill(_worker_pid(proc.pid, 1), signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out[-3000:]
+    m = re.findall(r"received at step (\d+): checkpoint saved at step (\d+)", out)
+    assert len(m) == 1, out[-3000:]  # printed once, by rank 0
+    got, saved = map(int, m[0])
+    assert 5 <= got < saved <= got + 2, (got, saved)
+    assert ck.load_checkpoint(ck.find_latest(run))["step"] == saved
+    assert records(run)[-1] == {**records(run)[-1], "kind": "train", "step": saved}  # logged, then saved
+
+
+def test_train_help_lists_groups_and_documented_options():
+    p = run_cli([sys.executable, "train.py", "--help"])
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    for needle in ("model=", "tiny", "gpt_125m", "norm=", "geonorm", "data=", "fineweb_edu", "experiment=",
+                   "train.max_steps", "train.batch_tokens", "global batch in tokens", "optim.lr",
+                   "optim.schedule", "cosine | wsd | constant", "logging.log_interval", "logging.wandb.mode",
+                   "train.resume", "newest checkpoint in the run dir"):
+        assert needle in out, needle
+
+
+def test_two_runs_started_together_into_one_run_dir(tmp_path):
+    """Started in the same instant, before either has written anything: one runs, the other is refused
+    at once in one line; the run dir then holds the one run."""
+    cmd = [sys.executable, "train.py", *TINY, "train.max_steps=100000", f"out_dir={tmp_path}"]
+    procs = [subprocess.Popen(cmd, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    try:
+        deadline = time.time() + 180
+        while all(p.poll() is None for p in procs):
+            assert time.time() < deadline, "neither run was refused"
+            time.sleep(0.1)
+        loser = next(p for p in procs if p.poll() is not None)
+        winner = next(p for p in procs if p is not loser)
+        _, err = loser.communicate()
+        assert loser.returncode == 2 and winner.poll() is None, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith(f"error: run dir {tmp_path} is in use by another train.py "
+                                                       f"(pid {winner.pid} holds")
+        winner.send_signal(signal.SIGTERM)
+        winner.communicate(timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert winner.returncode == 0
+    step = ck.load_checkpoint(ck.find_latest(tmp_path))["step"]
+    assert [r["step"] for r in records(tmp_path, "eval")] == [0]  # one run's records only
+    assert records(tmp_path, "train")[-1]["step"] == step
+
+
+def test_divergence_is_reported_once(tmp_path):
+    p = run_cli([sys.executable, "train.py", *TINY, "train.max_steps=50", "train.inject_nan_at=2",
+                 "train.inject_nan_steps=100", "train.max_skipped=3", f"out_dir={tmp_path}"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert (p.stdout + p.stderr).count("consecutive non-finite steps were skipped") == 1

@@ -1,6 +1,8 @@
 """Checkpoints (format: README, "Resume and pre-emption"): atomic save, keep last K, find/load/validate, and pre-emption signals."""
 from __future__ import annotations
 
+import fcntl
+import os
 import random
 import re
 import signal
@@ -68,9 +70,12 @@ def load_checkpoint(path: Union[str, Path]) -> dict:
     try:
         # Our own files: they hold numpy RNG state and plain dicts, so weights_only=False.
         ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # truncated zip, pickle garbage, ...
-        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(e).__name__}: {e}); "
-                              f"delete it to resume from the previous one") from None
+    except Exception as e:  # truncated zip, pickle garbage, a data file given by mistake, ...
+        # Deleting is the way out only for a run's own checkpoint (an older one then takes over).
+        advice = ("delete it to resume from the previous one" if _NAME.match(path.name) else
+                  "give a run dir or a ckpt_*.pt file written by train.py")
+        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(e).__name__}: "
+                              f"{' '.join(str(e).split())[:200]}); {advice}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a nanonorm checkpoint (no format='{FORMAT}' field)")
     if ckpt.get("version") != VERSION:
@@ -131,6 +136,59 @@ def check_compatible(path: Path, ckpt: dict, model_config: dict, tokenizer: str)
     if ckpt["tokenizer"] != tokenizer:
         raise CheckpointError(f"checkpoint {path} is incompatible with this run: tokenizer "
                               f"{ckpt['tokenizer']!r} in the checkpoint but {tokenizer!r} now")
+
+
+# --- run directory claim ------------------------------------------------------------------------
+
+class RunDirLock:
+    """An exclusive flock on <run_dir>/.lock, held by rank 0 for the whole run: a second train.py
+    started into the same run dir is refused at once, however close together the two start. The
+    kernel drops the lock when the process dies, so a killed run never leaves a stale claim."""
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: Union[str, Path]):
+        self.path = Path(run_dir) / self.NAME
+        self._f = None
+
+    def acquire(self) -> bool:
+        """True when claimed; False when another live process holds the run dir."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return False
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")  # for the person who finds the lock: which process holds it
+        f.flush()
+        self._f = f
+        return True
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+    def release(self) -> None:
+        if self._f is not None:
+            self._f.close()  # closing the descriptor drops the flock
+            self._f = None
+
+
+def remove_stale_temps(run_dir: Union[str, Path]) -> list[Path]:
+    """Temp files of writes that a kill interrupted (`.<name>.<pid>.tmp`, and older versions'
+    `.ckpt_*.pt.tmp<pid>`) in the run dir and its checkpoints/. Only safe while holding the run dir's
+    lock: no live writer can own them then."""
+    run_dir = Path(run_dir)
+    found = sorted({p for d in (run_dir, ckpt_dir(run_dir)) for pat in (".*.tmp", ".ckpt_*.pt.tmp*")
+                    for p in d.glob(pat) if p.is_file()})
+    for p in found:
+        p.unlink(missing_ok=True)
+    return found
 
 
 # --- RNG -----------------------------------------------------------------------------------------

@@ -38,6 +38,7 @@ class TrainConfig:
     ckpt_interval: int = 200
     keep_last: int = 3
     resume: str = "none"
+    resume_force: bool = False
     overwrite: bool = False
     stop_at: Optional[int] = None
     max_skipped: int = 20

@@ -36,7 +36,8 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
     rank, local_rank = env_rank(), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
     if use_cuda and not torch.cuda.is_available():
-        raise RuntimeError("train.device=cuda but torch sees no CUDA device")
+        from common import ConfigError  # a user setting, reported in one line like any bad key
+        raise ConfigError("bad config train.device='cuda': torch sees no CUDA device here; valid: auto, cpu")
     if use_cuda:
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -63,6 +64,17 @@ def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
     if dist.is_initialized():
         dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
     return t
+
+
+def all_reduce_async(t: torch.Tensor, op: str, group):
+    """Start an all-reduce and return its work handle (call .wait() before reading `t`)."""
+    return dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op], group=group,
+                           async_op=True)
+
+
+def new_cpu_group():
+    """A gloo group over all ranks, for small CPU-side collectives that must not wait on the GPU stream."""
+    return dist.new_group(backend="gloo")
 
 
 def gather_objects(obj):

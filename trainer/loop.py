@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from data.config import DataConfig
 from data.files import atomic_write
 
 from . import checkpoint as ck
@@ -30,6 +31,7 @@ from .optim import LRSchedule, attach_lr, build_optimizer, for_variant, set_lr
 from .sinks import JsonlSink, Sink, WandbSink, truncate_jsonl
 
 log = logging.getLogger("nanonorm.train")
+_FLAG_BASE = 2.0 ** 52  # stop-flag encoding: max over ranks of (_FLAG_BASE - step) is the earliest step
 
 
 def rank_seed(seed: int, rank: int) -> int:
@@ -65,6 +67,9 @@ class Trainer:
         self.extra_sinks = list(sinks or [])
         self.sinks: list[Sink] = []
         self.stop = ck.StopSignal()
+        self.signal_step: Optional[int] = None
+        self.config_changed = False  # a resume with keys that differ from the checkpoint's config
+        self._flag_work = None
         self._was_deterministic = torch.are_deterministic_algorithms_enabled()
         self._was_threads = torch.get_num_threads()
 
@@ -75,6 +80,8 @@ class Trainer:
         from model import GPT, GPTConfig
 
         t, d = self.t, self.d
+        if not d.is_main:  # every rank runs the same code: its warnings would repeat rank 0's
+            log.setLevel(logging.ERROR)
         self.device = d.device
         self.precision = resolve_precision(t.precision, self.device)
         if self.precision == "fp16" and self.device.type == "cpu":
@@ -93,6 +100,9 @@ class Trainer:
         # Data: rank 0 prepares (downloads/tokenizes) first; the others then find it ready.
         if d.is_main:
             self.data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
+            # sha256 and token ids of every shard, read once per data dir (recorded), before any rank uses them
+            tok_name = json.loads((self.data_dir / "meta.json").read_text())["tokenizer"]
+            data_mod.check_data_dir(self.data_dir, data_mod.get_tokenizer(tok_name).vocab_size, tokenizer=tok_name)
         D.barrier()
         if not d.is_main:
             self.data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
@@ -114,6 +124,9 @@ class Trainer:
         self.o = for_variant(self.o, self.model.variant)  # what the variant fixes (nGPT: no decay, no warmup)
         self.opt = build_optimizer(self.model, self.o, self.device)
         self.sched = LRSchedule(self.o, t.max_steps)
+        if self.o.warmup_steps >= t.max_steps:  # the last update (max_steps - 1) is still inside the warmup
+            log.warning(f"optim.warmup_steps={self.o.warmup_steps} >= train.max_steps={t.max_steps}: the run ends "
+                        f"inside the warmup and never reaches the peak optim.lr={self.o.lr}")
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
         self.loader = data_mod.TrainLoader(self.data_dir, t.micro_batch_size, T, grad_accum=self.accum,
                                            rank=d.rank, world_size=d.world_size, seed=t.seed)
@@ -141,6 +154,7 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel as DDP
             self.ddp = DDP(self.fwd_model, device_ids=[d.local_rank] if dev.type == "cuda" else None)
         self.train_model = self.ddp or self.fwd_model
+        self._flag_group = D.new_cpu_group() if d.enabled else None
         if self.precision == "fp32":
             self.autocast = contextlib.nullcontext
         else:
@@ -161,11 +175,22 @@ class Trainer:
         """Rank 0 decides (fresh, resume from which file, or error) and tells the other ranks."""
         decision = None
         if self.d.is_main:
-            decision = self._decide_resume()
+            decision = self._claim_run_dir() or self._decide_resume()
         decision = D.broadcast_object(decision)
         if decision[0] == "error":
             raise ConfigError(decision[1])
         return Path(decision[1]) if decision[1] else None
+
+    def _claim_run_dir(self):
+        """Rank 0 takes the run dir's lock before looking at what is in it, and keeps it until close():
+        two runs started into one dir cannot both pass the checks below. None when claimed."""
+        self.lock = ck.RunDirLock(self.run_dir)
+        if not self.lock.acquire():
+            return ("error", f"run dir {self.run_dir} is in use by another train.py (pid {self.lock.holder()} holds "
+                             f"{self.lock.path}); wait for it to end, or pass another run_name=...")
+        for p in ck.remove_stale_temps(self.run_dir):
+            log.warning(f"removed {p}, left by an interrupted write")
+        return None
 
     def _decide_resume(self):
         t, run_dir = self.t, self.run_dir
@@ -195,6 +220,7 @@ class Trainer:
     def _load(self, path: Path) -> None:
         ckpt = ck.load_checkpoint(path)
         ck.check_compatible(path, ckpt, self.mcfg.to_dict(), self.tokenizer_name)
+        self._check_config_changes(path, ckpt.get("config") or {})
         try:
             self.model.load_state_dict(ck.strip_prefixes(ckpt["model"]))
             self.opt.load_state_dict(ckpt["optimizer"])
@@ -223,12 +249,46 @@ class Trainer:
         self.step = int(ckpt["step"])
         self.wandb_run_id = ckpt.get("wandb_run_id")
 
+    # Keys that decide which tokens each step sees: changing one on resume makes the continuation differ
+    # from an uninterrupted run, so it takes train.resume_force=true. (Model shape: check_compatible.)
+    EXACTNESS_KEYS = ("train.seed", "train.batch_tokens", "train.overfit_batch", "data.name",
+                      *(f"data.{k}" for k in DataConfig.CONTENT_KEYS))
+    # How and where to resume, not what is trained.
+    RESUME_KEYS = ("train.resume", "train.resume_force", "train.overwrite", "train.stop_at", "out_dir", "run_name")
+
+    def _check_config_changes(self, path: Path, saved: dict) -> None:
+        now = _flatten(OmegaConf.to_container(self.cfg, resolve=True))
+        before = _flatten(saved)
+        changed = [k for k in sorted(set(now) | set(before))
+                   if now.get(k) != before.get(k) and k not in self.RESUME_KEYS]
+        self.config_changed = bool(changed)
+        if not changed:
+            return
+
+        def show(keys):
+            return ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in keys)
+
+        breaking = [k for k in changed if k in self.EXACTNESS_KEYS]
+        if breaking and not self.t.resume_force:
+            raise ConfigError(f"resuming {path} with {show(breaking)} would not continue the same data order: "
+                              f"pass train.resume_force=true to resume anyway, or start another run_name=...")
+        log.warning(f"resuming {path} with a changed config: {show(changed)}"
+                    + (" (the data order differs from an uninterrupted run)" if breaking else ""))
+
     def _open_sinks(self, resume_path: Optional[Path]) -> None:
         if not self.d.is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resolved = OmegaConf.to_container(self.cfg, resolve=True)
-        atomic_write(self.run_dir / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
+        text = OmegaConf.to_yaml(OmegaConf.create(resolved))
+        cfg_path = self.run_dir / "config.yaml"
+        if self.config_changed and cfg_path.is_file():
+            # The config the steps so far ran with stays beside the new one.
+            kept = self.run_dir / f"config_until_{self.step:08d}.yaml"
+            if not kept.exists():
+                cfg_path.replace(kept)
+                log.warning(f"config changed on resume: the previous config.yaml is kept as {kept}")
+        atomic_write(cfg_path, text)
         metrics = self.run_dir / "metrics.jsonl"
         if resume_path is not None:
             truncate_jsonl(metrics, self.step)
@@ -249,24 +309,29 @@ class Trainer:
     def run(self) -> dict:
         t, lg = self.t, self.lg
         result = {"run_dir": str(self.run_dir), "stopped": None, "diverged": False}
+        if self.step >= t.max_steps and self.d.is_main:
+            log.warning(f"run {self.run_dir} is already complete (step {self.step}, train.max_steps={t.max_steps}); "
+                        f"to train further, pass a larger train.max_steps with train.resume=auto")
         if self.step == 0:
             self.evaluate()
+        self._wall0, self._step0 = time.perf_counter(), self.step  # for the ETA and the final summary
         n_buf, t0, excluded = 0, time.perf_counter(), 0.0
         while self.step < t.max_steps:
             s = self.step + 1  # the step being made; records use completed-step counts
             is_stats = s % lg.stats_interval == 0
             self.train_step(s, is_stats, n_buf)
             self.step, n_buf = s, n_buf + 1
+            if self.stop.received is not None and self.signal_step is None:
+                self.signal_step = s  # the step during which this rank got the signal
             last = s == t.max_steps
             is_ckpt = s % t.ckpt_interval == 0 or last or (t.stop_at is not None and s >= t.stop_at)
             if is_stats:
                 e0 = time.perf_counter()
                 self.log_stats(s)
                 excluded += time.perf_counter() - e0
-            # Log steps: every log_interval, plus before any checkpoint (so a resumed run logs identically).
-            # A signal is acted on at this step in a single process; under DDP all ranks must agree,
-            # which they do at the next log step (its all-reduce carries the flag).
-            signalled = self.stop.received is not None and not self.d.enabled
+            # Log steps: every log_interval, plus before any checkpoint (so a resumed run logs identically),
+            # plus the step at which a stop signal is acted on (this step alone, the next one under DDP).
+            signalled = self._stop_requested()
             if s % lg.log_interval == 0 or is_ckpt or n_buf == lg.log_interval or signalled:
                 elapsed = time.perf_counter() - t0 - excluded
                 signal_seen, consec = self.log_train(s, n_buf, elapsed)
@@ -275,7 +340,8 @@ class Trainer:
                     result["diverged"] = True
                     msg = (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped "
                            f"(train.max_skipped={t.max_skipped}); the run has diverged")
-                    log.error(msg)
+                    if self.d.is_main:  # every rank stops with the same message: say it once
+                        log.error(msg)
                     result["message"] = msg
                     self.evaluate()
                     result["checkpoint"] = str(self.save())
@@ -283,7 +349,8 @@ class Trainer:
                 if signal_seen:
                     result["stopped"] = signal_seen
                     result["checkpoint"] = str(self.save())
-                    log.warning(f"{signal_seen} received: checkpoint saved at step {s}; "
+                    at = f" at step {self.signal_step}" if self.signal_step is not None else ""
+                    log.warning(f"{signal_seen} received{at}: checkpoint saved at step {s}; "
                                 f"continue with train.resume=auto")
                     return self._finish(result, summary=False)
             e0 = time.perf_counter()
@@ -296,6 +363,27 @@ class Trainer:
                     return self._finish(result, summary=False)
             excluded += time.perf_counter() - e0
         return self._finish(result, summary=True)
+
+    def _stop_requested(self) -> bool:
+        """Whether any rank has had SIGTERM/SIGUSR1. One process: this process's flag. DDP: all ranks must
+        stop at the same step, so each step launches an asynchronous max-all-reduce of every rank's flag
+        (a CPU tensor on a gloo group: no device sync) and reads the previous step's result, which has
+        long arrived: a signal is acted on one step after the step it came in, with no blocking per step."""
+        if not self.d.enabled:
+            return self.stop.received is not None
+        seen = False
+        if self._flag_work is not None:
+            self._flag_work.wait()
+            v = self._flag.item()
+            if v > 0:  # the flag holds _FLAG_BASE - (the earliest step any rank was signalled at)
+                seen, self.signal_step = True, int(_FLAG_BASE - v)
+        if not seen:
+            self._flag = torch.tensor(_FLAG_BASE - self.signal_step if self.signal_step is not None else 0.0,
+                                      dtype=torch.float64)
+            self._flag_work = D.all_reduce_async(self._flag, "max", self._flag_group)
+        else:
+            self._flag_work = None
+        return seen
 
     def train_step(self, s: int, is_stats: bool, slot: int) -> torch.Tensor:
         t, dev = self.t, self.device
@@ -378,8 +466,15 @@ class Trainer:
                 log.info(f"step {s}/{self.t.max_steps} | loss {rec['loss']:.4f} | lr {lr:.3g} | grad norm "
                          f"{rec['grad_norm']:.3g} | {tps:,.0f} tok/s | {1000 * elapsed / n:.0f} ms/step"
                          + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "")
-                         + (f" | skipped {int(skipped)}" if skipped else ""))
-        return (self.stop.received or "signal") if signal_seen else None, int(consec)
+                         + (f" | skipped {int(skipped)}" if skipped else "") + self._eta(s))
+        return (self.stop.received or "SIGTERM/SIGUSR1 (on another rank)") if signal_seen else None, int(consec)
+
+    def _eta(self, s: int) -> str:
+        """Time left at this process's mean pace so far (validation and checkpoints included)."""
+        done = s - self._step0
+        if done <= 0 or s >= self.t.max_steps:
+            return ""
+        return f" | eta {_hms((time.perf_counter() - self._wall0) / done * (self.t.max_steps - s))}"
 
     @torch.no_grad()
     def evaluate(self) -> None:
@@ -462,14 +557,61 @@ class Trainer:
                    "steps": self.step, "norm": self.mcfg.norm, "seed": self.t.seed}
             self.emit(rec)
             result["summary"] = rec
+            if self.lg.console:
+                self._print_summary(rec, result.get("checkpoint"))
         return result
 
+    def _print_summary(self, rec: dict, checkpoint: Optional[str]) -> None:
+        """The end of a run on the console: the numbers, where everything is, what to run next."""
+        wall = time.perf_counter() - self._wall0
+        tps = (self.step - self._step0) * self.t.batch_tokens / max(wall, 1e-9)
+
+        def val(v):
+            return "n/a" if v is None else f"{v:.4f} (ppl {math.exp(v):.2f})" if v < 700 else f"{v:.4f}"
+
+        rd = self.run_dir
+        wandb = next((s for s in self.sinks if isinstance(s, WandbSink)), None)
+        lines = [
+            f"{'diverged' if rec['diverged'] else 'finished'}: {self.step} steps, {rec['tokens']:,} tokens | "
+            f"this session {_hms(wall)}, {tps:,.0f} tok/s",
+            f"val loss: final {val(rec['final_val_loss'])}, best {val(rec['best_val_loss'])} | spikes: loss "
+            f"{rec['spikes_loss']}, grad norm {rec['spikes_grad_norm']} | skipped steps {rec['skipped_steps']}",
+            f"checkpoint {checkpoint or ck.find_latest(rd)} | metrics {rd / 'metrics.jsonl'} | config {rd / 'config.yaml'}"
+            + (f" | wandb run {wandb.run_id} ({self.lg.wandb.mode}{', ' + wandb.url if wandb.url else ''}, "
+               f"{rd / 'wandb'})" if wandb else " | wandb disabled"),
+            f"next: python eval.py {rd} | python sample.py {rd} --prompt \"...\" | "
+            f"python scripts/plot_curves.py {rd} --out {rd / 'curves'}",
+        ]
+        for line in lines:
+            log.info(line)
+
     def close(self) -> None:
+        if getattr(self, "_flag_work", None) is not None:
+            self._flag_work.wait()  # every rank launched the same flag all-reduces: finish the last one
+            self._flag_work = None
         self.stop.uninstall()
+        if getattr(self, "lock", None) is not None:
+            self.lock.release()
         torch.use_deterministic_algorithms(self._was_deterministic)  # in-process callers (tests) get theirs back
         torch.set_num_threads(self._was_threads)
         for s in self.sinks:
             s.close()
+
+
+def _hms(seconds: float) -> str:
+    m, sec = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def _fmean(xs):

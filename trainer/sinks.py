@@ -96,6 +96,7 @@ class WandbSink(Sink):
                               id=run_id, resume="allow" if run_id else None,
                               settings=wandb.Settings(console="off", silent=True))
         self.run_id = self.run.id if self.run is not None else None
+        self.url = getattr(self.run, "url", None) if wcfg.mode == "online" else None
 
     def log(self, record: dict) -> None:
         if record["kind"] == "summary":
