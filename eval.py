@@ -40,15 +40,10 @@ def resolve_data_dir(cfg, ckpt: dict, rt) -> Path:
         data_cfg = (ckpt.get("config") or {}).get("data")
         if not (d / "meta.json").is_file() and data_cfg:
             from data import prepare_dataset
+            from trainer.distributed import main_first
 
-            if rt.is_main:  # one rank prepares, the others wait and then find it
-                d = Path(prepare_dataset(data_cfg))
-            if rt.world_size > 1:
-                import torch.distributed as dist
-
-                holder = [str(d)]
-                dist.broadcast_object_list(holder, src=0)
-                d = Path(holder[0])
+            # rank 0 prepares, the others wait (gloo, long timeout: not NCCL's watchdog) and find it
+            d = Path(main_first(lambda: prepare_dataset(data_cfg)))
     meta = d / "meta.json"
     if meta.is_file():
         tok = json.loads(meta.read_text()).get("tokenizer")

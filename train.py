@@ -36,4 +36,7 @@ if __name__ == "__main__":
         print(config_help(Path(__file__).resolve().parent / "configs"))
         sys.exit(0)
     sys.argv = hydra_argv_for_rank(sys.argv, env_rank())
+    from trainer.config_store import register_code_configs
+
+    register_code_configs()  # variants defined in code only are `norm=<name>` options too
     _hydra_main()

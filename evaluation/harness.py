@@ -127,9 +127,30 @@ class NanoLM(TemplateLM):
         return out
 
     # --- torch.distributed primitives the evaluator uses under torchrun ---
+    # Each first checks that no rank has failed the task (see run_tasks): a rank whose task raised
+    # has left the evaluator, so a collective issued without that check would wait for it forever.
+    def agree(self, error: Optional[str] = None) -> Optional[str]:
+        """Exchange every rank's error for the current task (None: fine); the first one, or None.
+
+        On the gloo group with the long timeout: ranks reach this at different times (one may
+        still be downloading a dataset)."""
+        if self.world_size <= 1:
+            return error
+        from trainer.distributed import wait_group
+
+        errors = [None] * self.world_size
+        dist.all_gather_object(errors, error, group=wait_group())
+        return next((f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None), None)
+
+    def _all_ranks_ok(self) -> None:
+        failed = self.agree(None)
+        if failed is not None:
+            raise PeerFailed(failed)
+
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.world_size <= 1:
             return tensor
+        self._all_ranks_ok()
         parts = [torch.zeros_like(tensor) for _ in range(self.world_size)]
         dist.all_gather(parts, tensor.contiguous())
         return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
@@ -137,13 +158,19 @@ class NanoLM(TemplateLM):
     def gather_object(self, obj, dst: int = 0):
         if self.world_size <= 1:
             return [obj]
+        self._all_ranks_ok()
         result = [None] * self.world_size if self.rank == dst else None
         dist.gather_object(obj, result, dst=dst)
         return result
 
     def barrier(self) -> None:
         if self.world_size > 1:
+            self._all_ranks_ok()
             dist.barrier()
+
+
+class PeerFailed(Exception):
+    """Another rank failed the current task: every rank skips it."""
 
 
 def _one_line(e: BaseException) -> str:
@@ -170,6 +197,11 @@ def run_tasks(lm: NanoLM, tasks, include_path=None, limit=None, num_fewshot=None
               bootstrap_iters: int = 1000, seed: int = 1234, echo=print) -> tuple[dict, dict]:
     """Evaluate tasks one at a time, so one whose data cannot be fetched fails alone with one line.
 
+    Under torchrun a task can fail on some ranks only (a download, an out-of-memory batch): the
+    ranks agree on success before each of the evaluator's collectives and once more at the end of
+    the task (NanoLM.agree), so a failure anywhere makes every rank skip the task together
+    instead of leaving the others waiting in a collective.
+
     Returns ({task: {metric: value}} (rank 0 only), {task: reason} for the failures)."""
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -183,15 +215,22 @@ def run_tasks(lm: NanoLM, tasks, include_path=None, limit=None, num_fewshot=None
         if task not in tm.all_tasks:
             failures[task] = "unknown task (not in lm-eval's registry" + (f" nor in {include_path})" if include_path else ")")
         else:
+            # Every rank makes exactly one agree() call after the last one the evaluator made
+            # for it: at the end of a task, on failure, or (PeerFailed) in the call that reported it.
             try:
                 out = simple_evaluate(model=lm, tasks=[task], task_manager=tm, limit=limit,
                                       num_fewshot=num_fewshot, bootstrap_iters=bootstrap_iters,
                                       log_samples=False, random_seed=seed, numpy_random_seed=seed,
                                       torch_random_seed=seed, fewshot_random_seed=seed)
+            except PeerFailed as e:
+                failures[task] = str(e)
             except Exception as e:  # typically: the dataset cannot be downloaded (no internet, no cache)
-                failures[task] = _one_line(e)
+                failures[task] = lm.agree(_one_line(e)) if lm.world_size > 1 else _one_line(e)
             else:
-                if out is not None:  # None on ranks > 0
+                failed = lm.agree(None)
+                if failed is not None:
+                    failures[task] = failed
+                elif out is not None:  # None on ranks > 0
                     results.update(flatten_results(out["results"]))
         if task in failures and lm.rank == 0:
             echo(f"task {task} failed, skipped: {failures[task]}")

@@ -89,12 +89,15 @@ def setup(device: str = "auto", dtype: str = "auto") -> Runtime:
             dev = torch.device("cuda", local)
             torch.cuda.set_device(dev)
         if not dist.is_initialized():
-            dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+            from trainer.distributed import init_process_group
+
+            init_process_group(dev)
         return Runtime(dev, rank, world, resolve_dtype(dtype, dev))
     dev = resolve_device(device)
     return Runtime(dev, 0, 1, resolve_dtype(dtype, dev))
 
 
 def teardown() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    from trainer.distributed import teardown
+
+    teardown()

@@ -26,6 +26,24 @@ DEEPNORM_INITS = ("scaled", "xavier")
 DECAY_INDICES = ("block", "sublayer")
 
 
+# Hydra `norm.*` key -> GPTConfig field.
+NORM_KEYS = {"name": "norm", "kind": "norm_kind", "eps": "norm_eps", "decay": "decay", "p": "p",
+             "clamp": "geonorm_clamp", "embed_norm": "embed_norm", "final_norm": "final_norm",
+             "first_layer": "keel_first_layer", "alpha_attn": "dyt_alpha_attn",
+             "alpha_other": "dyt_alpha_other", "deepnorm_init": "deepnorm_init",
+             "learn_radius": "learn_radius", "decay_index": "decay_index", "alpha_init": "alpha_init",
+             "a_init": "a_init"}
+
+
+def norm_group_defaults(name: str) -> dict:
+    """A complete `norm` config group for variant `name` (every key at its default; the variant's own
+    defaults stay null and are filled from its class): what `norm=<name>` composes when the variant
+    has no configs/norm/<name>.yaml."""
+    get_variant(name)
+    d = {f.name: f.default for f in fields(GPTConfig)}
+    return {key: (name if key == "name" else d[field_name]) for key, field_name in NORM_KEYS.items()}
+
+
 @dataclass
 class GPTConfig:
     vocab_size: int = 50304
@@ -187,12 +205,7 @@ class GPTConfig:
             vs = -(-int(vocab_size) // pad) * pad
         elif vocab_size is not None and vs < vocab_size:
             raise ConfigError(f"bad config model.vocab_size={vs}: smaller than the tokenizer's {vocab_size}")
-        norm_keys = {"name": "norm", "kind": "norm_kind", "eps": "norm_eps", "decay": "decay", "p": "p",
-                     "clamp": "geonorm_clamp", "embed_norm": "embed_norm", "final_norm": "final_norm",
-                     "first_layer": "keel_first_layer", "alpha_attn": "dyt_alpha_attn",
-                     "alpha_other": "dyt_alpha_other", "deepnorm_init": "deepnorm_init",
-                     "learn_radius": "learn_radius", "decay_index": "decay_index", "alpha_init": "alpha_init",
-                     "a_init": "a_init"}
+        norm_keys = NORM_KEYS
         unknown = sorted(set(n) - set(norm_keys))
         if unknown:
             raise ConfigError(f"unknown norm key(s) {unknown}: valid keys are {sorted(norm_keys)}")

@@ -25,6 +25,12 @@ def _acc(x: torch.Tensor) -> torch.Tensor:
 
 
 def _dot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per-token <a, b>, in the inputs' precision (float32 from _acc) in forward and backward.
+
+    Elementwise product and sum, deliberately not a matmul: autocast never lowers `mul`/`sum` to
+    bf16 (a matmul under torch.compile would be differentiated in bf16, since AOTAutograd traces
+    the backward under the forward's autocast, whatever region disabled it), and TF32 (which
+    `allow_tf32` turns on for every float32 matmul on CUDA) never applies to them."""
     return (a * b).sum(-1, keepdim=True)
 
 
@@ -87,19 +93,12 @@ def _coefficients(hh, hs, vv, angle, params):
     return torch.cos(theta) - w * (hs / hh_safe), w, theta
 
 
-def _bdot(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Per-token <a, b> as a batched mat-vec: one read of each input and no [..., d] temporary
-    (the sphere step is memory-bound on large activations). Autocast would run it in bf16: off."""
-    with torch.autocast(a.device.type, enabled=False):
-        return torch.matmul(a.unsqueeze(-2), b.unsqueeze(-1)).squeeze(-1)
-
-
 def _tangent_dots(h32, s32):
     """||h||^2, <h,s> and ||v||^2 with v = tangent(h, s) materialised: ||s||^2 - <h,s>^2/||h||^2
     would cancel catastrophically when s is nearly parallel to h."""
-    hh, hs = _bdot(h32, h32), _bdot(h32, s32)
+    hh, hs = _dot(h32, h32), _dot(h32, s32)
     v = torch.addcmul(s32, h32, hs / hh.clamp_min(_TINY), value=-1.0)
-    return hh, hs, _bdot(v, v)
+    return hh, hs, _dot(v, v)
 
 
 def _combine(a, x, b, y, c=None, z=None):
@@ -140,7 +139,7 @@ class _SphereStep(torch.autograd.Function):
         h, s = ctx.saved_tensors
         a, w, leaves, pleaves = ctx.graph
         h32, s32, g = _acc(h), _acc(s), _acc(g_out)
-        grads = torch.autograd.grad((a, w), leaves + pleaves, (_bdot(g, h32), _bdot(g, s32)),
+        grads = torch.autograd.grad((a, w), leaves + pleaves, (_dot(g, h32), _dot(g, s32)),
                                     allow_unused=True, retain_graph=True)  # tiny; lets backward rerun
         g_hh, g_hs, g_vv = (torch.zeros_like(a) if x is None else x for x in grads[:3])
         c = ctx.c

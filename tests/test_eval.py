@@ -303,6 +303,27 @@ def test_torchrun_splits_evaluation_across_ranks(tmp_path):
     assert res["tasks"]["toy_mc"]["acc"] == results["toy_mc"]["acc"] and res["tasks"]["toy_mc"]["samples"] == 4
 
 
+def test_a_task_failing_on_one_rank_is_skipped_on_every_rank(tmp_path):
+    """Rank 1 fails one task before any collective (its data) and one after the first (scoring):
+    both ranks skip both tasks, name rank 1's error, run the next task and exit (before: a hang)."""
+    import os
+
+    from test_gpu_paths import torchrun
+
+    for name in ("toy_load", "toy_score", "toy_mc"):
+        write_task(tmp_path, name)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    code, text = torchrun(["-m", "tests.torchrun_scripts", "one_rank_fails", tmp_path], env, timeout=120)
+    assert code == 0, text[-3000:]
+    out = {r: json.loads((tmp_path / f"result_{r}.json").read_text()) for r in (0, 1)}
+    for rank in (0, 1):
+        f = out[rank]["failures"]
+        assert sorted(f) == ["toy_load", "toy_score"], f
+        assert f["toy_load"].startswith("rank 1: ConnectionError: simulated download failure")
+        assert f["toy_score"].startswith("rank 1: RuntimeError: simulated out of memory")
+    assert out[0]["results"]["toy_mc"]["samples"] == 4 and out[1]["results"] == {}
+
+
 def test_successive_evaluations_keep_every_result_and_failures_exit_nonzero(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
     write_split(tmp_path / "data", [2 * BLOCK + 1, 40])

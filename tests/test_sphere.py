@@ -133,3 +133,82 @@ def test_parallel_update_returns_h_with_finite_gradients(dtype):
     zero = torch.zeros_like(h, requires_grad=True)
     out0, _ = sphere_update(zero, s, _angle_fn(1.0, 0.5))  # ||h|| = 0: nothing to rotate
     assert torch.equal(out0, zero.detach())
+
+
+# --- precision of the sphere step under bf16 autocast, torch.compile and TF32 ---------------------
+
+SPHERE = ["geonorm", "spheret", "proj_spheret", "cay_spheret"]
+
+
+def _sublayer_step(norm):
+    """One sphere sublayer (block 1) with a float32 elementwise sublayer F(x) = s + sin(x)/2, and
+    perturbed step sizes: gradients reach h, s and the learnable scalars."""
+    from model import GPTConfig, get_variant
+
+    cfg = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=32, norm=norm)
+    rule = get_variant(norm)(cfg, 1)
+    with torch.no_grad():
+        for p in rule.parameters():
+            p.add_(0.3)
+
+    def step(h, s):
+        return rule(h, lambda x: s + 0.5 * torch.sin(x))
+
+    return rule, step
+
+
+@pytest.mark.parametrize("norm", SPHERE)
+def test_compiled_sphere_gradients_are_float32_under_bf16_autocast(norm):
+    """Eager and torch.compile (aot_eager: AOTAutograd, no codegen) both differentiate the sphere
+    step in float32 under bf16 autocast: every gradient within float32 precision of a float64
+    reference. (A matmul for the dot products would be differentiated in bf16 when compiled,
+    ~5e-4 relative error here, because AOTAutograd traces the backward under the forward's autocast.)"""
+    rule, step = _sublayer_step(norm)
+    g = torch.Generator().manual_seed(0)
+    h, s, w = (torch.randn(4, 6, 32, generator=g) * c for c in (3.0, 1.0, 1.0))
+
+    def grads(fn, dtype, autocast):
+        rule.to(dtype)
+        for p in rule.parameters():
+            p.grad = None
+        hl, sl = h.to(dtype).clone().requires_grad_(), s.to(dtype).clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            out = fn(hl, sl)
+        (out * w.to(dtype)).sum().backward()  # backward outside autocast, as in the training loop
+        return [x.double() for x in (hl.grad, sl.grad, *(p.grad for p in rule.parameters()))]
+
+    ref = grads(step, torch.float64, False)
+    eager = grads(step, torch.float32, True)
+    torch._dynamo.reset()
+    compiled = grads(torch.compile(step, backend="aot_eager"), torch.float32, True)
+    for name, got in (("eager", eager), ("compiled", compiled)):
+        errs = [((x - y).norm() / y.norm()).item() for x, y in zip(got, ref)]
+        assert max(errs) < 1e-5, (name, errs)
+
+
+def test_sphere_step_runs_no_matmul():
+    """The per-token dot products are not matmuls, in forward or backward, eager or traced path:
+    on CUDA `allow_tf32` would otherwise run them in TF32 (~1e-3 relative angle error for small
+    tangent updates) and autocast could lower them to bf16."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.add(func.overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+
+    matmuls = {"mm", "bmm", "matmul", "addmm", "baddbmm", "addbmm", "addmv", "mv", "dot", "vdot", "linear"}
+    for norm in SPHERE:
+        rule, step = _sublayer_step(norm)
+        h, s = _state(n=6, d=32, dtype=torch.float32)
+        for grad in (True, False):  # fused autograd Function; plain expression (inference, compile)
+            with Ops() as ops, torch.autocast("cpu", dtype=torch.bfloat16), torch.set_grad_enabled(grad):
+                hl = h.clone().requires_grad_(grad)
+                out = step(hl, s)
+                if grad:
+                    out.sum().backward()
+            assert "mul" in ops.seen and not (ops.seen & matmuls), (norm, grad, ops.seen & matmuls)

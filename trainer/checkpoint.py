@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import fcntl
+import logging
 import os
+import pickle
 import random
 import re
 import signal
@@ -15,6 +17,8 @@ import torch
 from common import UserError
 
 from data.files import atomic_open
+
+log = logging.getLogger("nanonorm.train")
 
 FORMAT, VERSION = "nanonorm-ckpt", 1
 _NAME = re.compile(r"^ckpt_(\d{8})\.pt$")
@@ -62,20 +66,43 @@ def save_checkpoint(state: dict, run_dir: Union[str, Path], step: int, keep_last
     return path
 
 
+def _torch_load(path: Path) -> dict:
+    """torch.load memory-mapped and weights-only.
+
+    mmap: tensors stay in the file (the page cache, shared by every process on the machine) until
+    used, so a rank holds only what it copies out: the model weights, and the optimizer state where
+    training resumes. Without it each of 8 ranks resuming the 1.3B model would first read the whole
+    file (~16 GB with Adam state) into its own memory. weights_only: our files hold only tensors and
+    plain Python values, so nothing in a checkpoint can run code; checkpoints written before the RNG
+    state was stored that way hold numpy arrays, allowed by name."""
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except pickle.UnpicklingError:
+        with torch.serialization.safe_globals(_NUMPY_RNG_GLOBALS):
+            return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+
+
+_reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct
+# numpy 2 moved numpy.core to numpy._core: allow the function under the name either wrote
+_NUMPY_RNG_GLOBALS = [_reconstruct, *((_reconstruct, f"numpy.{m}.multiarray._reconstruct") for m in ("core", "_core")),
+                      np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
 def load_checkpoint(path: Union[str, Path]) -> dict:
     """Load and check a checkpoint; CheckpointError naming the file if it is corrupt or not ours."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        # Our own files: they hold numpy RNG state and plain dicts, so weights_only=False.
-        ckpt = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # truncated zip, pickle garbage, a data file given by mistake, ...
+        ckpt = _torch_load(path)
+    except Exception as e:  # truncated zip, pickle garbage, a foreign object, a data file given by mistake, ...
+        foreign = re.search(r"Unsupported global: GLOBAL (\S+)", str(e))
+        msg = f"it pickles {foreign[1]}, not a tensor or plain value" if foreign else " ".join(str(e).split())[:200]
         # Deleting is the way out only for a run's own checkpoint (an older one then takes over).
         advice = ("delete it to resume from the previous one" if _NAME.match(path.name) else
                   "give a run dir or a ckpt_*.pt file written by train.py")
-        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(e).__name__}: "
-                              f"{' '.join(str(e).split())[:200]}); {advice}") from None
+        raise CheckpointError(f"checkpoint {path} is corrupt or unreadable ({type(e).__name__}: {msg}); "
+                              f"{advice}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a nanonorm checkpoint (no format='{FORMAT}' field)")
     if ckpt.get("version") != VERSION:
@@ -111,7 +138,8 @@ def resolve_checkpoint(path_or_run_dir: Union[str, Path]) -> Path:
 
 
 def load_model(path_or_run_dir: Union[str, Path], device="cpu"):
-    """(model in eval mode on `device`, checkpoint dict) from a ckpt file or a run dir's newest one."""
+    """(model in eval mode on `device`, checkpoint dict without the optimizer state) from a ckpt file or
+    a run dir's newest one. Only the weights are read from the file (see _torch_load)."""
     from model import GPT, GPTConfig
 
     p = resolve_checkpoint(path_or_run_dir)
@@ -121,6 +149,7 @@ def load_model(path_or_run_dir: Union[str, Path], device="cpu"):
         model.load_state_dict(strip_prefixes(ckpt["model"]))
     except RuntimeError as e:
         raise CheckpointError(f"checkpoint {p}: weights do not match its model_config: {str(e).splitlines()[0]}") from None
+    ckpt.pop("optimizer", None)  # mapped, never read: inference needs the weights only
     return model.to(device).eval(), ckpt
 
 
@@ -194,18 +223,36 @@ def remove_stale_temps(run_dir: Union[str, Path]) -> list[Path]:
 # --- RNG -----------------------------------------------------------------------------------------
 
 def rng_state() -> dict:
-    s = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """This process's RNG streams. On CUDA only the current device's generator: a process draws
+    from its own GPU only, and a list of every visible GPU's state could not be restored where a
+    process sees a different number of GPUs (8 ranks resumed as 2 nodes x 4 instead of 1 x 8).
+
+    Plain Python values and tensors only (numpy's state as a tensor), so the file loads with
+    torch.load(weights_only=True)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    s = {"python": random.getstate(), "torch": torch.get_rng_state(),
+         "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached))}
     if torch.cuda.is_available():
-        s["cuda"] = torch.cuda.get_rng_state_all()
+        s["cuda"] = torch.cuda.get_rng_state()
     return s
 
 
 def set_rng_state(s: dict) -> None:
     random.setstate(s["python"])
-    np.random.set_state(s["numpy"])
+    kind, keys, *rest = s["numpy"]
+    np.random.set_state((kind, np.asarray(keys, dtype=np.int64).astype(np.uint32), *rest))
     torch.set_rng_state(s["torch"])
-    if "cuda" in s and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(s["cuda"])
+    cuda = s.get("cuda")
+    if cuda is None or not torch.cuda.is_available():
+        return
+    if isinstance(cuda, (list, tuple)):  # older checkpoints: every visible GPU's state, by device index
+        i = torch.cuda.current_device()
+        if i >= len(cuda):
+            log.warning(f"checkpoint holds CUDA RNG states of {len(cuda)} GPU(s), none for cuda:{i}; "
+                        f"its CUDA RNG stream is not restored")
+            return
+        cuda = cuda[i]
+    torch.cuda.set_rng_state(cuda)
 
 
 # --- pre-emption ---------------------------------------------------------------------------------

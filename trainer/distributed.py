@@ -30,6 +30,24 @@ def env_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
+# Collectives of the training loop: a rank stuck for longer is a hang, and NCCL's watchdog ends the job.
+PG_TIMEOUT = datetime.timedelta(minutes=30)
+# Ranks > 0 waiting for rank 0 to prepare a dataset: streaming FineWeb-Edu's sample-10BT takes hours.
+# (If rank 0 fails, torchrun stops the other ranks at once; they do not wait this long.)
+WAIT_TIMEOUT = datetime.timedelta(hours=48)
+_wait_group = None
+
+
+def init_process_group(device: torch.device) -> None:
+    """The default group (NCCL on CUDA, gloo on CPU; PG_TIMEOUT) and a gloo group for long waits."""
+    global _wait_group
+    cuda = device.type == "cuda"
+    dist.init_process_group(backend="nccl" if cuda else "gloo", timeout=PG_TIMEOUT,
+                            device_id=device if cuda else None)
+    # A gloo barrier is a plain TCP wait on the CPU: no NCCL watchdog, and its own timeout.
+    _wait_group = dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT)
+
+
 def init_distributed(device_pref: str = "auto") -> DistInfo:
     """Initialise from torchrun's env vars (RANK, LOCAL_RANK, WORLD_SIZE); single process otherwise."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -44,15 +62,31 @@ def init_distributed(device_pref: str = "auto") -> DistInfo:
     else:
         device = torch.device("cpu")
     if world > 1 and not dist.is_initialized():
-        kw = {"device_id": device} if use_cuda else {}
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo",
-                                timeout=datetime.timedelta(minutes=30), **kw)
+        init_process_group(device)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
 
 
+def wait_group():
+    """The gloo group with WAIT_TIMEOUT (None, i.e. the default group, if another caller set up torch.distributed)."""
+    return _wait_group
+
+
+def main_first(fn):
+    """fn() on rank 0, then on the other ranks, which find rank 0's work done (data preparation:
+    the others then only read the prepared files). They wait on the gloo group, up to WAIT_TIMEOUT:
+    a barrier on the default group would end the job after PG_TIMEOUT (NCCL's watchdog)."""
+    if not dist.is_initialized():
+        return fn()
+    out = fn() if dist.get_rank() == 0 else None
+    dist.barrier(group=_wait_group)
+    return out if dist.get_rank() == 0 else fn()
+
+
 def teardown() -> None:
+    global _wait_group
     if dist.is_initialized():
         dist.destroy_process_group()
+    _wait_group = None
 
 
 def barrier() -> None:

@@ -26,7 +26,7 @@ from data.files import atomic_write
 from . import checkpoint as ck
 from . import distributed as D
 from .config import ConfigError, RunConfig, parse_run_config
-from .monitor import SpikeDetector, block_grad_norms, mfu, peak_flops, residual_rms
+from .monitor import IntervalTimer, SpikeDetector, block_grad_norms, mfu, peak_flops, residual_rms
 from .optim import LRSchedule, attach_lr, build_optimizer, for_variant, set_lr
 from .sinks import JsonlSink, Sink, WandbSink, truncate_jsonl
 
@@ -97,15 +97,16 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
 
-        # Data: rank 0 prepares (downloads/tokenizes) first; the others then find it ready.
-        if d.is_main:
-            self.data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
-            # sha256 and token ids of every shard, read once per data dir (recorded), before any rank uses them
-            tok_name = json.loads((self.data_dir / "meta.json").read_text())["tokenizer"]
-            data_mod.check_data_dir(self.data_dir, data_mod.get_tokenizer(tok_name).vocab_size, tokenizer=tok_name)
-        D.barrier()
-        if not d.is_main:
-            self.data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
+        # Data: rank 0 prepares (downloads/tokenizes, possibly for hours) first; the others wait
+        # (on a gloo group with a long timeout) and then find it ready.
+        def prepare():
+            data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
+            if d.is_main:  # sha256 and token ids of every shard, read once per data dir (recorded), before any rank uses them
+                tok_name = json.loads((data_dir / "meta.json").read_text())["tokenizer"]
+                data_mod.check_data_dir(data_dir, data_mod.get_tokenizer(tok_name).vocab_size, tokenizer=tok_name)
+            return data_dir
+
+        self.data_dir = D.main_first(prepare)
         meta = json.loads((self.data_dir / "meta.json").read_text())
         self.tok = data_mod.get_tokenizer(meta["tokenizer"])
         self.tokenizer_name = meta["tokenizer"]
@@ -149,6 +150,8 @@ class Trainer:
             self._load(resume_path)
 
         self.fwd_model = torch.compile(self.model) if use_compile else self.model
+        self.compiling_step = use_compile  # the first step compiles: timed apart, reported as compile_s
+        self.compile_s = None
         self.ddp = None
         if d.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
@@ -315,27 +318,34 @@ class Trainer:
         if self.step == 0:
             self.evaluate()
         self._wall0, self._step0 = time.perf_counter(), self.step  # for the ETA and the final summary
-        n_buf, t0, excluded = 0, time.perf_counter(), 0.0
+        dev = self.device
+        timer = IntervalTimer(sync=(lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None)
+        n_buf = 0
         while self.step < t.max_steps:
             s = self.step + 1  # the step being made; records use completed-step counts
             is_stats = s % lg.stats_interval == 0
-            self.train_step(s, is_stats, n_buf)
+            if self.compiling_step:
+                with timer.exclude() as first:
+                    self.train_step(s, is_stats, n_buf)
+                self.compile_s, self.compiling_step = first.seconds, False
+            else:
+                self.train_step(s, is_stats, n_buf)
+                timer.steps += 1
             self.step, n_buf = s, n_buf + 1
             if self.stop.received is not None and self.signal_step is None:
                 self.signal_step = s  # the step during which this rank got the signal
             last = s == t.max_steps
             is_ckpt = s % t.ckpt_interval == 0 or last or (t.stop_at is not None and s >= t.stop_at)
             if is_stats:
-                e0 = time.perf_counter()
-                self.log_stats(s)
-                excluded += time.perf_counter() - e0
+                with timer.exclude():
+                    self.log_stats(s)
             # Log steps: every log_interval, plus before any checkpoint (so a resumed run logs identically),
             # plus the step at which a stop signal is acted on (this step alone, the next one under DDP).
             signalled = self._stop_requested()
             if s % lg.log_interval == 0 or is_ckpt or n_buf == lg.log_interval or signalled:
-                elapsed = time.perf_counter() - t0 - excluded
-                signal_seen, consec = self.log_train(s, n_buf, elapsed)
-                n_buf, t0, excluded = 0, time.perf_counter(), 0.0
+                signal_seen, consec = self.log_train(s, n_buf, *timer.read())
+                n_buf = 0
+                timer.start()
                 if consec >= t.max_skipped:
                     result["diverged"] = True
                     msg = (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped "
@@ -353,15 +363,14 @@ class Trainer:
                     log.warning(f"{signal_seen} received{at}: checkpoint saved at step {s}; "
                                 f"continue with train.resume=auto")
                     return self._finish(result, summary=False)
-            e0 = time.perf_counter()
-            if s % t.eval_interval == 0 or last:
-                self.evaluate()
-            if is_ckpt:
-                result["checkpoint"] = str(self.save())
-                if t.stop_at is not None and s >= t.stop_at and not last:
-                    result["stopped"] = "stop_at"
-                    return self._finish(result, summary=False)
-            excluded += time.perf_counter() - e0
+            with timer.exclude():
+                if s % t.eval_interval == 0 or last:
+                    self.evaluate()
+                if is_ckpt:
+                    result["checkpoint"] = str(self.save())
+                    if t.stop_at is not None and s >= t.stop_at and not last:
+                        result["stopped"] = "stop_at"
+                        return self._finish(result, summary=False)
         return self._finish(result, summary=True)
 
     def _stop_requested(self) -> bool:
@@ -415,13 +424,19 @@ class Trainer:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.o.grad_clip, gn, foreach=True)
         # Gradients are all-reduced, so `bad` agrees on every rank: all ranks skip together.
         bad = ~torch.isfinite(gn)
+        if not self.opt.is_fused:
+            # torch's for-loop AdamW would read a tensor LR back once per parameter (a host sync
+            # each): give it a float, read together with the skip flag in one sync per step.
+            skip, lr = torch.stack([bad.float(), self.opt.lr_tensor.float()]).tolist()
+            for g in self.opt.param_groups:
+                g["lr"] = lr * g["lr_mult"]
         if self.scaler is not None:
             self.scaler.step(self.opt)  # skips on inf/NaN itself (sync-free with the fused optimizer)
             self.scaler.update()
         elif self.opt.is_fused:
             self.opt.found_inf = bad.float()  # fused AdamW skips the whole update when found_inf == 1
             self.opt.step()
-        elif not bad.item():  # non-fused fallback: one host sync per step
+        elif not skip:
             self.opt.step()
         self.model.after_optimizer_step(~bad)  # the variant's post-step hook; a no-op unless applied
         self.opt.zero_grad(set_to_none=True)
@@ -434,8 +449,11 @@ class Trainer:
 
     # --- events ----------------------------------------------------------------------------------
 
-    def log_train(self, s: int, n: int, elapsed: float):
-        """Read the device buffers (the per-interval host sync), reduce over ranks, detect spikes, emit."""
+    def log_train(self, s: int, n: int, elapsed: float, timed: int):
+        """Read the device buffers (the per-interval host sync), reduce over ranks, detect spikes, emit.
+
+        `elapsed` is the time of the interval's `timed` steps (all n but a compiling first step);
+        throughput and MFU are null when no step was timed."""
         W = self.d.world_size
         flag = 1.0 if self.stop.received else 0.0
         per_step = self.loss_buf[:n].clone()
@@ -454,18 +472,23 @@ class Trainer:
                     self.emit({"kind": "spike", "step": first + i, "tokens": (first + i) * self.t.batch_tokens,
                                "metric": metric, "value": v, "z": z})
                     log.warning(f"spike in {metric} at step {first + i}: {v:.4g} (z={z:.1f})")
-        tps = n * self.t.batch_tokens / max(elapsed, 1e-9)
+        tps = timed * self.t.batch_tokens / max(elapsed, 1e-9) if timed else None
         rec = {"kind": "train", "step": s, "tokens": s * self.t.batch_tokens,
                "loss": _fmean(losses), "loss_max": _fmean(maxes), "lr": lr, "grad_norm": _fmean(gns),
-               "tokens_per_s": tps, "step_time": elapsed / n, "mfu": mfu(self.flops_per_token, tps / W, self.peak),
+               "tokens_per_s": tps, "step_time": elapsed / timed if timed else None,
+               "mfu": mfu(self.flops_per_token, tps / W, self.peak) if timed else None,
                "skipped_steps": int(skipped), "spikes_loss": self.spike_loss.count,
                "spikes_grad_norm": self.spike_gn.count}
+        if self.compile_s is not None:  # once, in the first record after the compiling step
+            rec["compile_s"], self.compile_s = self.compile_s, None
         if self.d.is_main:
             self.emit(rec)
             if self.lg.console:
                 log.info(f"step {s}/{self.t.max_steps} | loss {rec['loss']:.4f} | lr {lr:.3g} | grad norm "
-                         f"{rec['grad_norm']:.3g} | {tps:,.0f} tok/s | {1000 * elapsed / n:.0f} ms/step"
+                         f"{rec['grad_norm']:.3g}"
+                         + (f" | {tps:,.0f} tok/s | {1000 * rec['step_time']:.0f} ms/step" if timed else "")
                          + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "")
+                         + (f" | compile {rec['compile_s']:.1f}s (first step, not in tok/s)" if "compile_s" in rec else "")
                          + (f" | skipped {int(skipped)}" if skipped else "") + self._eta(s))
         return (self.stop.received or "SIGTERM/SIGUSR1 (on another rank)") if signal_seen else None, int(consec)
 

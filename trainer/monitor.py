@@ -1,11 +1,17 @@
 """Monitoring: loss/grad-norm spike detector, MFU, and the stats-step measurements."""
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+import time
+import types
 from collections import deque
 from typing import Optional
 
 import torch
+
+log = logging.getLogger("nanonorm.train")
 
 
 class SpikeDetector:
@@ -46,23 +52,71 @@ class SpikeDetector:
         self.count = d["count"]
 
 
-# Dense peak FLOP/s per GPU (vendor datasheets, SXM parts) by autocast precision; fp32 means TF32 matmuls.
+# Dense (no sparsity) peak FLOP/s by the exact name torch reports, from the vendor datasheets, per
+# autocast precision; fp32 means TF32 matmuls. Exact names: the PCIe and NVL parts of a generation
+# are slower than its SXM part, and a substring match would give them the SXM peak.
+_A100 = {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12}
+_H_SXM = {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12}
+_H_NVL = {"bf16": 835e12, "fp16": 835e12, "fp32": 418e12}
 PEAK_FLOPS = {
-    "A100": {"bf16": 312e12, "fp16": 312e12, "fp32": 156e12},
-    "H100": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
-    "H200": {"bf16": 989e12, "fp16": 989e12, "fp32": 494e12},
+    "NVIDIA A100-SXM4-40GB": _A100, "NVIDIA A100-SXM4-80GB": _A100, "NVIDIA A100-SXM-80GB": _A100,
+    "NVIDIA A100-PCIE-40GB": _A100, "NVIDIA A100 80GB PCIe": _A100,
+    "NVIDIA H100 80GB HBM3": _H_SXM, "NVIDIA H100 PCIe": {"bf16": 756e12, "fp16": 756e12, "fp32": 378e12},
+    "NVIDIA H100 NVL": _H_NVL, "NVIDIA H200": _H_SXM, "NVIDIA H200 NVL": _H_NVL, "NVIDIA GH200 480GB": _H_SXM,
 }
+_warned: set = set()
 
 
 def peak_flops(device: torch.device, precision: str) -> Optional[float]:
-    """Peak FLOP/s of one device, or None where unknown (CPU, other GPUs): MFU is then null."""
+    """Peak FLOP/s of one device, or None where unknown (CPU, GPUs not in PEAK_FLOPS): MFU is then null."""
     if device.type != "cuda":
         return None
-    name = torch.cuda.get_device_name(device).upper()
-    for key in ("H200", "H100", "A100"):  # H200 first: its name may not contain "H100"
-        if key in name:
-            return PEAK_FLOPS[key][precision]
-    return None
+    name = torch.cuda.get_device_name(device)
+    if name not in PEAK_FLOPS:
+        if name not in _warned:
+            _warned.add(name)
+            log.warning(f"MFU not reported: GPU {name!r} is not in trainer/monitor.py PEAK_FLOPS "
+                        f"(add its dense peak FLOP/s under that exact name)")
+        return None
+    return PEAK_FLOPS[name][precision]
+
+
+class IntervalTimer:
+    """Wall time of the training steps in a logging interval, less the work excluded from it
+    (evaluation, stats, checkpoints, the compiling first step).
+
+    The host runs ahead of the GPU, so a region's first host sync waits for the training steps
+    still queued before it: `sync` (torch.cuda.synchronize on CUDA) at both ends of every excluded
+    region and of the interval puts that wait in the interval, where it belongs, instead of in the
+    excluded time (which would overstate tokens/s and MFU). At most a few syncs per interval, at
+    steps that sync anyway.
+    """
+
+    def __init__(self, sync=None, clock=time.perf_counter):
+        self.sync, self.clock = sync or (lambda: None), clock
+        self.start()
+
+    def start(self) -> None:
+        self.sync()
+        self.t0, self.excluded, self.steps = self.clock(), 0.0, 0
+
+    @contextlib.contextmanager
+    def exclude(self):
+        """`with timer.exclude() as region:` ...; region.seconds is the region's own time."""
+        self.sync()
+        region = types.SimpleNamespace(seconds=0.0)
+        e0 = self.clock()
+        try:
+            yield region
+        finally:
+            self.sync()
+            region.seconds = self.clock() - e0
+            self.excluded += region.seconds
+
+    def read(self) -> tuple:
+        """(seconds of the timed steps, number of timed steps) since start()."""
+        self.sync()
+        return self.clock() - self.t0 - self.excluded, self.steps
 
 
 def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: Optional[float]) -> Optional[float]:

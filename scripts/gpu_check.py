@@ -1,0 +1,321 @@
+"""GPU checks: what the CPU test suite cannot exercise. Run it first on a new GPU machine.
+
+    bash scripts/gpu_check.sh                     # one GPU: < 10 minutes; two GPUs add an NCCL run
+    python -m scripts.gpu_check --device cpu      # the same code on CPU, small (what the tests run)
+
+(From the repository root; `-m` imports this checkout's packages.)
+
+Checks (one table row each, PASS / FAIL / SKIP / OOM):
+  compile/<variant>   bf16 autocast, torch.compile vs eager, every variant: 3 AdamW steps from the
+                      same weights on the same batches, losses within 0.05
+  fused_adamw_skip    a NaN gradient: fused AdamW with found_inf leaves weights and state unchanged
+  train_loop          train.py's loop on the device (compile, bf16, fused, NaN skip, timing, resume)
+  nccl_2proc          torchrun with 2 processes on 2 GPUs (SKIP with fewer)
+  throughput          gpt_125m at block 1024: tokens/s and MFU of a bare compiled step
+  memory/<model>      peak memory of one training step per model preset at train.micro_batch_size
+Exit status: 1 if any row is FAIL, else 0. OOM rows are reported, not failures.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from model import GPT, VARIANTS, GPTConfig
+from trainer.config import OptimConfig
+from trainer.monitor import peak_flops
+from trainer.optim import build_optimizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Ctx:
+    def __init__(self, device: str):
+        self.device = torch.device(device)
+        self.cuda = self.device.type == "cuda"
+        self.backend = "inductor" if self.cuda else "aot_eager"  # CPU: no C++ toolchain needed
+
+    def sync(self):
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def autocast(self):
+        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+
+
+def _batches(vocab, block, batch, n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (batch, block + 1), generator=g) for _ in range(n)]
+
+
+def _train_steps(ctx, model, batches, compile_backend=None):
+    """Losses of len(batches) AdamW steps (the repo's optimizer, fused where torch has it)."""
+    opt = build_optimizer(model, OptimConfig(lr=1e-3), ctx.device)
+    fwd = torch.compile(model, backend=compile_backend) if compile_backend else model
+    losses = []
+    for b in batches:
+        b = b.to(ctx.device)
+        with ctx.autocast():
+            _, loss = fwd(b[:, :-1], b[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def check_compile(ctx, args):
+    variants = args.variants.split(",") if args.variants else sorted(VARIANTS)
+    for v in variants:
+        cfg = GPTConfig(vocab_size=512, block_size=128, n_layer=2, n_head=4, n_embd=128, norm=v)
+        batches = _batches(512, 128, 8, 3)
+        t0 = time.time()
+        torch.manual_seed(0)
+        eager = _train_steps(ctx, GPT(cfg).to(ctx.device), batches)
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        compiled = _train_steps(ctx, GPT(cfg).to(ctx.device), batches, ctx.backend)
+        diff = max(abs(a - b) for a, b in zip(eager, compiled))
+        ok = all(math.isfinite(x) for x in eager + compiled) and diff < 0.05
+        yield (f"compile/{v}", "PASS" if ok else "FAIL",
+               f"max loss difference {diff:.2e} over 3 steps (eager: {eager[-1]:.4f})", time.time() - t0)
+
+
+def check_fused_skip(ctx, args):
+    t0 = time.time()
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=64)).to(ctx.device)
+    opt = build_optimizer(model, OptimConfig(lr=1e-3), ctx.device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    x = torch.randint(0, 256, (4, 33), device=ctx.device)
+
+    def step(nan: bool):  # the training loop's skip, as in trainer/loop.py: found_inf from the grad norm
+        with ctx.autocast():
+            _, loss = model(x[:, :-1], x[:, 1:])
+        (loss * (float("nan") if nan else 1.0)).backward()
+        gn = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
+        opt.found_inf = (~torch.isfinite(gn)).float()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    if not opt.is_fused:
+        yield "fused_adamw_skip", "FAIL", "AdamW is not fused on this device", time.time() - t0
+        return
+    step(False)
+    before = [p.detach().clone() for p in params]
+    state = [{k: v.clone() for k, v in opt.state[p].items()} for p in params]
+    step(True)
+    same = all(torch.equal(a, p) for a, p in zip(before, params)) and all(
+        torch.equal(v, opt.state[p][k]) for s, p in zip(state, params) for k, v in s.items())
+    step(False)
+    moved = any(not torch.equal(a, p) for a, p in zip(before, params))
+    ok = same and moved
+    yield ("fused_adamw_skip", "PASS" if ok else "FAIL",
+           "NaN step left weights and Adam state unchanged; next step applied" if ok else
+           f"unchanged after NaN step: {same}; moved after clean step: {moved}", time.time() - t0)
+
+
+def _tiny_overrides(data_root, out_dir, device):
+    return [f"data.root={data_root}", "model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.block_size=64",
+            "train.micro_batch_size=8", "train.batch_tokens=1024", "train.eval_tokens=2048", "train.eval_interval=3",
+            "train.ckpt_interval=3", "logging.log_interval=2", "logging.stats_interval=3",
+            "logging.wandb.mode=disabled", "logging.console=false", f"train.device={device}", f"out_dir={out_dir}"]
+
+
+def check_train_loop(ctx, args):
+    import json
+
+    from hydra import compose, initialize_config_dir
+
+    from trainer import checkpoint as ck
+    from trainer.loop import train
+
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as tmp:
+        run = Path(tmp) / "run"
+        common = _tiny_overrides(args.data_root, run, ctx.device.type)
+        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+            cfg = compose("config", overrides=[*common, "train.max_steps=4", "train.stop_at=3", "train.inject_nan_at=2"])
+            cfg2 = compose("config", overrides=[*common, "train.max_steps=6", "train.resume=auto"])
+        train(cfg)
+        train(cfg2)  # resume from step 3: mmap + weights-only load, this device's RNG state
+        recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        tr = [r for r in recs if r["kind"] == "train"]
+        summary = [r for r in recs if r["kind"] == "summary"]
+        ckpt = ck.load_checkpoint(ck.find_latest(run))
+        problems = []
+        if not summary or summary[0]["steps"] != 6:
+            problems.append("no summary at step 6")
+        if ckpt["scheduler"]["skipped_total"] != 1:
+            problems.append(f"skipped {ckpt['scheduler']['skipped_total']} steps, expected 1")
+        if not any(r.get("tokens_per_s") for r in tr):
+            problems.append("no tokens/s")
+        if ctx.cuda and not any("compile_s" in r for r in tr):
+            problems.append("no compile_s record")
+    tps = max((r["tokens_per_s"] or 0) for r in tr) if tr else 0
+    yield ("train_loop", "FAIL" if problems else "PASS",
+           "; ".join(problems) or f"6 steps with a skipped NaN step and a resume; {tps:,.0f} tok/s",
+           time.time() - t0)
+
+
+def check_nccl(ctx, args):
+    t0 = time.time()
+    if not ctx.cuda or torch.cuda.device_count() < 2:
+        yield "nccl_2proc", "SKIP", "needs 2 GPUs", 0.0
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+               *_tiny_overrides(args.data_root, Path(tmp) / "run", "cuda"), "train.max_steps=4"]
+        env = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0,1"),
+               "WANDB_MODE": "disabled"}
+        try:
+            p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+            ok, detail = p.returncode == 0, f"exit {p.returncode}"
+            if not ok:
+                detail += ": " + " | ".join((p.stderr or p.stdout).strip().splitlines()[-3:])[-300:]
+        except subprocess.TimeoutExpired:
+            ok, detail = False, "timed out after 300 s (a hang in a collective?)"
+    yield "nccl_2proc", "PASS" if ok else "FAIL", detail, time.time() - t0
+
+
+def check_throughput(ctx, args):
+    t0 = time.time()
+    if ctx.cuda:
+        name, (n_layer, n_head, n_embd), block, batch, vocab, steps = "gpt_125m", (12, 12, 768), 1024, 16, 50304, 10
+    else:  # the same code on a size a CPU runs in seconds
+        name, (n_layer, n_head, n_embd), block, batch, vocab, steps = "tiny", (2, 2, 64), 64, 4, 512, 3
+    cfg = GPTConfig(vocab_size=vocab, block_size=block, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
+    torch.manual_seed(0)
+    model = GPT(cfg).to(ctx.device)
+    batches = _batches(vocab, block, batch, 3 + steps)
+    opt = build_optimizer(model, OptimConfig(lr=1e-4), ctx.device)
+    fwd = torch.compile(model, backend=ctx.backend)
+
+    def step(b):
+        b = b.to(ctx.device, non_blocking=True)
+        with ctx.autocast():
+            _, loss = fwd(b[:, :-1], b[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    for b in batches[:3]:  # compile, allocator warm-up
+        step(b)
+    ctx.sync()
+    t = time.perf_counter()
+    for b in batches[3:]:
+        loss = step(b)
+    ctx.sync()
+    dt = time.perf_counter() - t
+    tps = steps * batch * block / dt
+    peak = peak_flops(ctx.device, "bf16")
+    mfu = model.flops_per_token() * tps / peak if peak else None
+    ok = math.isfinite(loss.item()) and (mfu is None or 0.02 < mfu < 0.95)
+    detail = f"{name} block {block} x {batch}: {tps:,.0f} tok/s, " + \
+        (f"MFU {100 * mfu:.1f}%" if mfu is not None else
+         "MFU n/a (GPU not in trainer/monitor.py PEAK_FLOPS)" if ctx.cuda else "MFU n/a on CPU")
+    yield "throughput", "PASS" if ok else "FAIL", detail, time.time() - t0
+
+
+def check_memory(ctx, args):
+    micro = yaml.safe_load((ROOT / "configs/train/default.yaml").read_text())["micro_batch_size"]
+    presets = sorted((ROOT / "configs/model").glob("*.yaml"))
+    if not ctx.cuda:
+        presets = [p for p in presets if p.stem == "tiny"]
+    for path in presets:
+        m = yaml.safe_load(path.read_text())
+        vocab = 320 if path.stem == "tiny" else 50304  # tiny's default data is byte-tokenized
+        for norm in ("pre_ln", "geonorm"):
+            t0 = time.time()
+            row = f"memory/{path.stem}/{norm}"
+            cfg = GPTConfig(vocab_size=vocab, block_size=m["block_size"], n_layer=m["n_layer"], n_head=m["n_head"],
+                            n_embd=m["n_embd"], dropout=0.0, bias=m["bias"], norm=norm)
+            model = opt = None
+            try:
+                if ctx.cuda:
+                    torch.cuda.empty_cache()
+                    torch.cuda.reset_peak_memory_stats(ctx.device)
+                with ctx.device:  # initialise on the device: a 1.3B model inits slowly on a CPU
+                    model = GPT(cfg)
+                opt = build_optimizer(model, OptimConfig(), ctx.device)
+                b = _batches(vocab, m["block_size"], micro, 1)[0].to(ctx.device)
+                with ctx.autocast():
+                    _, loss = model(b[:, :-1], b[:, 1:])
+                loss.backward()
+                opt.step()
+                ctx.sync()
+                if ctx.cuda:
+                    gb = torch.cuda.max_memory_allocated(ctx.device) / 2**30
+                    total = torch.cuda.get_device_properties(ctx.device).total_memory / 2**30
+                    detail = f"micro-batch {micro} x {m['block_size']}, eager: peak {gb:.1f} of {total:.0f} GiB"
+                else:
+                    detail = f"micro-batch {micro} x {m['block_size']}: runs (no memory figure on CPU)"
+                status = "PASS" if math.isfinite(loss.item()) else "FAIL"
+            except torch.cuda.OutOfMemoryError:
+                status, detail = "OOM", f"micro-batch {micro} does not fit: lower train.micro_batch_size"
+            finally:
+                del model, opt  # before the next preset's peak is measured
+            yield row, status, detail, time.time() - t0
+
+
+CHECKS = {"compile": check_compile, "fused_skip": check_fused_skip, "train_loop": check_train_loop,
+          "nccl": check_nccl, "throughput": check_throughput, "memory": check_memory}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", default="cuda", help="cuda (default) | cpu (a small dry run of the same code)")
+    ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(CHECKS)}")
+    ap.add_argument("--variants", default=None, help="compile check: comma-separated variants (default: all)")
+    ap.add_argument("--data-root", default=os.environ.get("NANONORM_DATA", str(ROOT / "data_cache")),
+                    help="where train_loop prepares the offline pydocs corpus")
+    args = ap.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_check: error: torch sees no CUDA device (use --device cpu for a dry run)", file=sys.stderr)
+        return 2
+    ctx = Ctx(args.device)
+    only = args.only.split(",") if args.only else list(CHECKS)
+    unknown = [c for c in only if c not in CHECKS]
+    if unknown:
+        print(f"gpu_check: error: unknown check(s) {unknown}; valid: {', '.join(CHECKS)}", file=sys.stderr)
+        return 2
+    dev = torch.cuda.get_device_name(ctx.device) if ctx.cuda else "cpu"
+    print(f"gpu_check: torch {torch.__version__}, device {dev}", flush=True)
+    rows, t_start = [], time.time()
+    for name in only:
+        it = CHECKS[name](ctx, args)
+        while True:
+            t0 = time.time()
+            try:
+                row = next(it)
+            except StopIteration:
+                break
+            except Exception as e:  # a crash is a failed row, and the other checks still run
+                msg = " ".join(str(e).split())[:200]
+                row = (name, "FAIL", f"{type(e).__name__}: {msg}", time.time() - t0)
+                rows.append(row)
+                print(f"  {row[0]:<28} {row[1]:<5} {row[2]}", flush=True)
+                break
+            rows.append(row)
+            print(f"  {row[0]:<28} {row[1]:<5} {row[2]}", flush=True)
+    w = max(len(r[0]) for r in rows)
+    print(f"\n| {'check':<{w}} | result | seconds | detail |\n|{'-' * (w + 2)}|--------|---------|--------|")
+    for n, status, detail, secs in rows:
+        print(f"| {n:<{w}} | {status:<6} | {secs:7.1f} | {detail} |")
+    failed = [r[0] for r in rows if r[1] == "FAIL"]
+    print(f"\n{len(rows)} checks in {time.time() - t_start:.0f} s: "
+          + (f"{len(failed)} FAILED ({', '.join(failed)})" if failed else "no failures"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

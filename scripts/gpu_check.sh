@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Run this first on a GPU machine: it exercises what the CPU test suite cannot (bf16 + torch.compile
+# for every variant, fused AdamW's NaN skip, the training loop on the GPU, NCCL with 2 GPUs,
+# gpt_125m throughput and MFU, peak memory per model preset). One GPU: under ten minutes.
+# Prints a table; exits 1 if any check failed. Options go to scripts/gpu_check.py (--help).
+# Runs from the repository root with `python -m`, so it checks this checkout's code.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if command -v nvidia-smi >/dev/null 2>&1; then
+    nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader || true
+fi
+export WANDB_MODE=disabled
+exec python -m scripts.gpu_check "$@"

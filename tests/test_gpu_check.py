@@ -1,0 +1,52 @@
+"""scripts/gpu_check.sh and gpu_check.py as far as a CPU can run them: the same checks, small."""
+import importlib.util
+import os
+import subprocess
+
+import pytest
+
+from test_train import REPO
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.usefixtures("pydocs")  # the train_loop check reads the prepared corpus ($NANONORM_DATA)
+def test_gpu_check_runs_every_check_on_cpu_and_prints_a_table():
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    p = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--variants", "geonorm"], cwd=REPO,
+                       env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+    table = [l for l in p.stdout.splitlines() if l.startswith("| ")]
+    rows = {l.split("|")[1].strip(): l.split("|")[2].strip() for l in table[1:]}
+    assert rows == {"compile/geonorm": "PASS", "fused_adamw_skip": "PASS", "train_loop": "PASS",
+                    "nccl_2proc": "SKIP", "throughput": "PASS", "memory/tiny/pre_ln": "PASS",
+                    "memory/tiny/geonorm": "PASS"}, p.stdout
+    assert "no failures" in p.stdout
+
+
+def test_gpu_check_exits_nonzero_on_a_failed_or_crashed_check(capsys):
+    mod = _module()
+
+    def failing(ctx, args):
+        yield "fake/fails", "FAIL", "loss diff too large", 0.0
+
+    def crashing(ctx, args):
+        yield "fake/passes", "PASS", "fine", 0.0
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    mod.CHECKS = {"failing": failing, "crashing": crashing, "fused_skip": mod.check_fused_skip}
+    assert mod.main(["--device", "cpu"]) == 1
+    out = capsys.readouterr().out
+    assert "| fake/fails       | FAIL   |" in out and "| crashing         | FAIL   |" in out
+    assert "RuntimeError: CUDA error: an illegal memory access" in out
+    assert "| fused_adamw_skip | PASS   |" in out  # the checks after a crash still run
+    assert "2 FAILED (fake/fails, crashing)" in out
+    assert mod.main(["--device", "cpu", "--only", "fused_skip"]) == 0
+    assert mod.main(["--device", "cpu", "--only", "nope"]) == 2
+    if not __import__("torch").cuda.is_available():
+        assert mod.main([]) == 2 and "no CUDA device" in capsys.readouterr().err
