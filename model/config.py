@@ -18,6 +18,10 @@ from .norms import INPUT_STEPS, NORM_KINDS
 from .variants import get_variant
 
 KEEL_FIRST = ("v1", "v2")
+POS_EMBS = ("learned", "rope")
+MLPS = ("gelu", "swiglu", "relu2")
+# Model keys that are not GPTConfig fields: labels, and the vocabulary padding used by from_hydra.
+MODEL_EXTRA_KEYS = ("name", "arch", "pad_vocab_to")
 DEEPNORM_INITS = ("scaled", "xavier")
 DECAY_INDICES = ("block", "sublayer")
 
@@ -50,6 +54,13 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     tie_embeddings: bool = True          # GPT-2: the LM head shares the token embedding matrix
+    # --- architecture axes (Hydra group `arch` sets them together; docs/variants.md, "Architecture presets") ---
+    pos_emb: str = "learned"             # learned absolute positions (GPT-2) | rope
+    rope_base: float = 10000.0
+    rope_fraction: float = 1.0           # fraction of each head's dimensions that RoPE rotates
+    mlp: str = "gelu"                    # gelu (GPT-2) | swiglu (LLaMA) | relu2 (modded-nanogpt)
+    mlp_hidden: Optional[int] = None     # None: 4d (gelu, relu2); 8d/3 rounded up to a multiple of 64 (swiglu)
+    qk_norm: bool = False                # RMSNorm (no gain) of q and k per head before attention
     # --- normalization (Hydra group `norm`) ---
     norm: str = "pre_ln"
     norm_kind: str = "layernorm"
@@ -124,6 +135,41 @@ class GPTConfig:
             bad("norm.a_init", self.a_init, "must be a finite number")
         if not (self.norm_eps >= 0):
             bad("norm.eps", self.norm_eps, "must be >= 0")
+        if self.pos_emb not in POS_EMBS:
+            bad("model.pos_emb", self.pos_emb, f"valid: {', '.join(POS_EMBS)}")
+        if self.mlp not in MLPS:
+            bad("model.mlp", self.mlp, f"valid: {', '.join(MLPS)}")
+        for key, v in (("model.bias", self.bias), ("model.qk_norm", self.qk_norm)):
+            if not isinstance(v, bool):
+                bad(key, v, "must be true or false")
+        if not (isinstance(self.rope_base, (int, float)) and 1 < self.rope_base < math.inf):
+            bad("model.rope_base", self.rope_base, "must be a finite number > 1")
+        if not (isinstance(self.rope_fraction, (int, float)) and 0 < self.rope_fraction <= 1):
+            bad("model.rope_fraction", self.rope_fraction, "must be in (0, 1]")
+        if self.pos_emb == "rope" and self.rope_dims < 2:
+            bad("model.rope_fraction", self.rope_fraction, f"rotates no pair of the {self.head_dim} head dimensions")
+        if self.mlp_hidden is not None and (not isinstance(self.mlp_hidden, int) or isinstance(self.mlp_hidden, bool)
+                                            or self.mlp_hidden <= 0):
+            bad("model.mlp_hidden", self.mlp_hidden, "must be a positive integer or null (the MLP kind's default)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+    @property
+    def rope_dims(self) -> int:
+        """Dimensions of each head that RoPE rotates: the fraction, rounded down to an even number (GPT-NeoX)."""
+        return int(self.head_dim * self.rope_fraction) // 2 * 2
+
+    @property
+    def hidden_size(self) -> int:
+        """MLP hidden width: `mlp_hidden`, else 4d, or for SwiGLU 8d/3 rounded up to a multiple of 64
+        (LLaMA's rule: the same parameter count as a 4d two-matrix MLP, in three matrices)."""
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        if self.mlp == "swiglu":
+            return -(-8 * self.n_embd // (3 * 64)) * 64
+        return 4 * self.n_embd
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -145,8 +191,9 @@ class GPTConfig:
         multiple of `model.pad_vocab_to` (GPT-2's 50257 -> 50304, as nanoGPT does, for fast matmuls).
         """
         m, n = dict(model_cfg), dict(norm_cfg)
-        model_keys = {"name", "vocab_size", "pad_vocab_to", "block_size", "n_layer", "n_head", "n_embd", "dropout",
-                      "bias", "tie_embeddings"}
+        arch_keys = ("pos_emb", "rope_base", "rope_fraction", "mlp", "mlp_hidden", "qk_norm")
+        model_keys = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_embeddings",
+                      *arch_keys, *MODEL_EXTRA_KEYS}
         unknown = sorted(set(m) - model_keys)
         if unknown:  # e.g. `+model.foo=1` on the command line
             raise ConfigError(f"unknown model key(s) {unknown}: valid keys are {sorted(model_keys)}")
@@ -165,4 +212,4 @@ class GPTConfig:
         kw = {norm_keys[k]: v for k, v in n.items()}
         return cls(vocab_size=int(vs), block_size=m["block_size"], n_layer=m["n_layer"], n_head=m["n_head"],
                    n_embd=m["n_embd"], dropout=float(m.get("dropout", 0.0)), bias=bool(m.get("bias", True)),
-                   tie_embeddings=m.get("tie_embeddings", True), **kw)
+                   tie_embeddings=m.get("tie_embeddings", True), **{k: m[k] for k in arch_keys if k in m}, **kw)

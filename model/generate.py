@@ -1,6 +1,6 @@
 """Autoregressive generation with the model's KV cache (sample.py, the lm-eval adapter, benchmarks).
 
-Positions are learned and absolute, so the context can never be longer than `block_size`. When the
+The model knows `block_size` positions (learned, or RoPE's tables), so the context can never be longer. When the
 prompt plus the new tokens outgrow it, generation continues on a cropped window as nanoGPT does
 (`idx[:, -block_size:]`): the window is re-encoded from position 0, which with a cache means
 resetting it and recomputing it for the window. `crop_keep` (default `block_size`, nanoGPT exactly)

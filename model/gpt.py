@@ -1,7 +1,9 @@
 """GPT-2 (as in nanoGPT) with the residual-stream normalization taken from a variant class.
 
-Read top to bottom: attention, MLP, KV cache, a block (two sublayers, each wrapped by the variant's
-rule), and the GPT (embeddings -> input step -> blocks -> output step -> tied LM head).
+Architecture axes (GPTConfig: pos_emb, mlp, bias, tie_embeddings, qk_norm; the `arch` presets set
+them together) turn it into a LLaMA-, modded-nanogpt- or GPT-NeoX-style block; the default is GPT-2.
+Read top to bottom: KV cache, attention, MLP, a block (two sublayers, each wrapped by the variant's
+rule), and the GPT (embeddings -> input step -> blocks -> output step -> LM head).
 """
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import GPTConfig
+from .rope import apply_rope, rope_tables
 from .variants import Variant, get_variant
 
 # Optimizer parameter groups (trainer/optim.py gives each its own lr multiplier and weight decay).
@@ -52,43 +55,71 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int):
+    def __init__(self, cfg: GPTConfig, layer: int, variant: type[Variant]):
         super().__init__()
         self.layer, self.n_head, self.n_embd = layer, cfg.n_head, cfg.n_embd
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v stacked (rows)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.qk_norm, self.eps = cfg.qk_norm, cfg.norm_eps
+        self.qk_step = variant.attention_step(cfg)  # the variant's own treatment of q, k (nGPT)
+        self.scale = getattr(self.qk_step, "softmax_scale", None)  # None: SDPA's 1/sqrt(hd)
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, rope=None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.qk_norm:  # modded-nanogpt: RMSNorm without gain, per head, before the rotation
+            q, k = F.rms_norm(q, (q.size(-1),), eps=self.eps), F.rms_norm(k, (k.size(-1),), eps=self.eps)
+        if rope is not None:  # cos/sin of this call's positions (offset by the cache length)
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        if self.qk_step is not None:
+            q, k = self.qk_step(q, k)
         drop = self.dropout if self.training else 0.0
         if cache is None or cache.pos == 0:
             if cache is not None:
                 cache.update(self.layer, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True)
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True, scale=self.scale)
         else:
             pos = cache.pos
-            k, v = cache.update(self.layer, k, v)
+            k, v = cache.update(self.layer, k, v)  # cached keys are stored already rotated
             mask = None
             if T > 1:  # new queries see the whole cache and the causal part of themselves
                 mask = torch.arange(pos + T, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 
 class MLP(nn.Module):
-    def __init__(self, cfg: GPTConfig):
+    """`model.mlp`: gelu (GPT-2), relu2 (ReLU squared, modded-nanogpt) or swiglu (LLaMA:
+    c_proj(c_fc(x) * silu(c_gate(x)))). Hidden width: GPTConfig.hidden_size."""
+
+    def __init__(self, cfg: GPTConfig, variant: type[Variant]):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
-        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        hidden = cfg.hidden_size
+        self.kind = cfg.mlp
+        self.c_fc = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias)
+        if self.kind == "swiglu":
+            self.c_gate = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias)
+        self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.act_step = variant.mlp_step(cfg, hidden)  # the variant's scalers of the pre-activations (nGPT)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+        s = self.act_step
+        g = self.c_gate(x) if self.kind == "swiglu" else self.c_fc(x)  # the activation's input
+        if s is not None:
+            g = s.gate(g)
+        if self.kind == "swiglu":
+            u = self.c_fc(x)
+            a = (u if s is None else s.up(u)) * F.silu(g)
+        elif self.kind == "relu2":
+            a = F.relu(g).square()
+        else:
+            a = F.gelu(g)
+        return self.dropout(self.c_proj(a))
 
 
 class Block(nn.Module):
@@ -96,13 +127,13 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig, layer: int, variant: type[Variant]):
         super().__init__()
-        self.attn = CausalSelfAttention(cfg, layer)
-        self.mlp = MLP(cfg)
+        self.attn = CausalSelfAttention(cfg, layer, variant)
+        self.mlp = MLP(cfg, variant)
         self.attn_rule = variant(cfg, 2 * layer)
         self.mlp_rule = variant(cfg, 2 * layer + 1)
 
-    def forward(self, h, cache: Optional[KVCache] = None, hidden: Optional[list] = None):
-        h = self.attn_rule(h, lambda x: self.attn(x, cache))
+    def forward(self, h, cache: Optional[KVCache] = None, hidden: Optional[list] = None, rope=None):
+        h = self.attn_rule(h, lambda x: self.attn(x, cache, rope))
         if hidden is not None:
             hidden.append(h)
         h = self.mlp_rule(h, self.mlp)
@@ -118,12 +149,18 @@ class GPT(nn.Module):
         variant = get_variant(config.norm)
         self.variant = variant
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
-        self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        if config.pos_emb == "learned":
+            self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        else:  # RoPE: no position parameters; the tables are buffers left out of the state dict
+            cos, sin = rope_tables(config.block_size, config.rope_dims, config.rope_base)
+            self.register_buffer("rope_cos", cos, persistent=False)
+            self.register_buffer("rope_sin", sin, persistent=False)
         self.drop = nn.Dropout(config.dropout)
         self.input_step = variant.input_step(config)        # 1. input step
         self.blocks = nn.ModuleList(Block(config, i, variant) for i in range(config.n_layer))  # 2. rules
         self.output_step = variant.output_step(config)      # 3. output step
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.logit_step = variant.logit_step(config)        # the variant's logit scaling (nGPT), or None
         if config.tie_embeddings:
             self.wte.weight = self.lm_head.weight           # weight tying, as GPT-2
 
@@ -149,15 +186,21 @@ class GPT(nn.Module):
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.config.block_size:
             raise ValueError(f"sequence of {start + T} tokens exceeds block_size={self.config.block_size}")
-        pos = torch.arange(start, start + T, dtype=torch.long, device=idx.device)
-        h = self.input_step(self.drop(self.wte(idx) + self.wpe(pos)))
+        e, rope = self.wte(idx), None
+        if self.config.pos_emb == "learned":
+            e = e + self.wpe(torch.arange(start, start + T, dtype=torch.long, device=idx.device))
+        else:  # positions start after the cached tokens
+            rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
+        h = self.input_step(self.drop(e))
         hidden = [h] if return_hidden else None
         for block in self.blocks:
-            h = block(h, kv_cache, hidden)
+            h = block(h, kv_cache, hidden, rope)
         h = self.output_step(h)
         if last_only:
             h = h[:, -1:, :]
         logits = self.lm_head(h)
+        if self.logit_step is not None:
+            logits = self.logit_step(logits)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
@@ -182,7 +225,10 @@ class GPT(nn.Module):
         and the token embedding when untied (tied, it is the LM head's weight and counts as one)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
-            n -= self.wpe.weight.numel() + (0 if self.config.tie_embeddings else self.wte.weight.numel())
+            if self.config.pos_emb == "learned":
+                n -= self.wpe.weight.numel()
+            if not self.config.tie_embeddings:
+                n -= self.wte.weight.numel()
         return n
 
     def parameter_groups(self) -> Dict[str, List[Tuple[str, nn.Parameter]]]:
@@ -211,6 +257,16 @@ class GPT(nn.Module):
                                     f"{type(module).__name__}.optim_groups (one of {', '.join(PARAM_GROUPS)})")
                 groups[group].append((f"{mname}.{pname}" if mname else pname, p))
         return groups
+
+    def after_optimizer_step(self, applied: torch.Tensor) -> None:
+        """The trainer calls this after every optimizer step; `applied` is a 0-d bool device tensor
+        (False after a skipped step). The variant decides what, if anything, to do (nGPT renormalizes)."""
+        self.variant.after_step(self, applied)
+
+    def fused_matrices(self) -> Dict[int, int]:
+        """Weights that stack several matrices by rows, id(param) -> how many: attention's q, k, v.
+        Optimizers that treat a weight as one matrix (Muon) split these (trainer/optim.py)."""
+        return {id(b.attn.c_attn.weight): 3 for b in self.blocks}
 
     def block_modules(self) -> List[nn.Module]:
         return list(self.blocks)
@@ -241,6 +297,10 @@ class GPT(nn.Module):
         return out
 
     def flops_per_token(self, seq_len: Optional[int] = None) -> float:
-        """Training FLOPs per token (forward + backward), nanoGPT's estimate: 6N + 12 L d T."""
+        """Training FLOPs per token (forward + backward), nanoGPT's estimate: 6N + 12 L d T.
+
+        N counts every matmul weight (three MLP matrices for SwiGLU, the head when untied) but no
+        position embedding; 12 L d T is the attention scores and values. RoPE, activations and norms
+        are elementwise and left out, as in the PaLM/nanoGPT estimate."""
         cfg = self.config
         return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * (seq_len or cfg.block_size)

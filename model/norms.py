@@ -88,6 +88,14 @@ class ScaleNorm(nn.Module):
         return (self.g * self.radius * x32 / n).to(x.dtype)
 
 
+class UnitNorm(nn.Module):
+    """x / ||x|| per token, in float32 (nGPT's input step: the stream starts on the unit sphere)."""
+
+    def forward(self, x):
+        x32 = x.float()
+        return (x32 / x32.norm(dim=-1, keepdim=True).clamp_min(1e-12)).to(x.dtype)
+
+
 @NORM_KINDS.register("layernorm")
 def _layernorm(cfg: "GPTConfig") -> nn.Module:
     return LayerNorm(cfg.n_embd, cfg.norm_eps, bias=cfg.bias)
@@ -116,6 +124,11 @@ def _norm_input_step(cfg: "GPTConfig") -> nn.Module:
 @INPUT_STEPS.register("scalenorm")
 def _scalenorm_input_step(cfg: "GPTConfig") -> nn.Module:
     return ScaleNorm(cfg.n_embd, learnable=cfg.learn_radius)       # h = g sqrt(d) e/||e||: SpheretNorm
+
+
+@INPUT_STEPS.register("unit")
+def _unit_input_step(cfg: "GPTConfig") -> nn.Module:
+    return UnitNorm()                                               # h = e/||e||: nGPT
 
 
 def make_input_step(cfg: "GPTConfig") -> nn.Module:

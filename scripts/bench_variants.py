@@ -3,6 +3,7 @@
     python scripts/bench_variants.py                 # eager, CPU, 6 layers d=384 T=256 batch 8 vocab 256
     python scripts/bench_variants.py --compile       # also torch.compile'd (slow to warm up on CPU)
     python scripts/bench_variants.py --variants geonorm proj_spheret --repeats 15
+    python scripts/bench_variants.py --arch llama --variants pre_ln ngpt   # on a preset (configs/arch/)
 
 Time: median of forward+backward over interleaved repeats (variant, pre_ln, pre_ln, variant, ...)
 after warm-up, since a shared machine's speed drifts by several percent; the ratio is taken per
@@ -15,8 +16,10 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 
 import torch
+import yaml
 
 from model import GPT, GPTConfig, VARIANTS
 
@@ -35,6 +38,19 @@ def saved_bytes(model, x, y) -> int:
         _, loss = model(x, y)
     del loss
     return sum(seen.values())
+
+
+def arch_preset(name: str) -> dict:
+    """GPTConfig fields a configs/arch/<name>.yaml preset sets (its model.* axes and norm.kind)."""
+    path = Path(__file__).resolve().parents[1] / "configs" / "arch" / f"{name}.yaml"
+    if not path.is_file():
+        valid = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
+        raise SystemExit(f"bench_variants.py: unknown --arch {name!r}: valid are {valid}")
+    cfg = yaml.safe_load(path.read_text())
+    kw = {k: v for k, v in cfg["model"].items() if k != "arch"}
+    if "kind" in cfg.get("norm", {}):
+        kw["norm_kind"] = cfg["norm"]["kind"]
+    return kw
 
 
 def step(model, x, y):
@@ -61,18 +77,21 @@ def main():
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
+    ap.add_argument("--arch", default="gpt2", help="architecture preset, a file of configs/arch/ (default gpt2)")
     args = ap.parse_args()
+    arch_kw = arch_preset(args.arch)
 
     def build(norm):
         torch.manual_seed(0)
         return GPT(GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
-                             n_embd=args.n_embd, norm=norm))
+                             n_embd=args.n_embd, norm=norm, **arch_kw))
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
     y = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
     modes = ["eager"] + (["compiled"] if args.compile else [])
-    print(f"# {args.n_layer} layers, d={args.n_embd}, T={args.seq}, batch {args.batch}, vocab {args.vocab}, "
+    args.variants = [v for v in args.variants if v != "pre_ln"]  # the baseline every row is measured against
+    print(f"# arch={args.arch}: {args.n_layer} layers, d={args.n_embd}, T={args.seq}, batch {args.batch}, vocab {args.vocab}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} interleaved repeats")
     print("| variant | mode | time ratio | ms/step | pre_ln ms | saved MiB | memory ratio |")
     print("|---|---|---|---|---|---|---|")

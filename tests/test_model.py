@@ -44,6 +44,7 @@ def expected_params(norm, d=D, n=N, v=V, t=T, first_layer="v2"):
         "geonorm": 2 * sub + ln,
         "spheret": sub + 1 + ln, "proj_spheret": sub + 1 + ln, "cay_spheret": sub + 1 + ln,
         "lns": (sub + 1) * ln, "mix_ln": (sub + 1) * ln,
+        "ngpt": sub * d + n * d + n * 4 * d + v,  # alpha per sublayer, s_qk, s_v (GELU: no s_u), s_z; no norms
     }[norm]
     return body + extra
 

@@ -97,6 +97,22 @@ class GroupsConfig:
 
 
 @dataclass(frozen=True)
+class MuonConfig:
+    """optim=muon: torch.optim.Muon's settings for the matrices group (lr x the schedule's shape)."""
+    lr: float = 0.05
+    momentum: float = 0.95
+    nesterov: bool = True
+    ns_steps: int = 5
+
+    def validate(self) -> None:
+        if not (0 < self.lr < math.inf):
+            _bad("optim.muon.lr", self.lr, "must be a finite number > 0")
+        if not (0 <= self.momentum < 1):
+            _bad("optim.muon.momentum", self.momentum, "must be in [0, 1)")
+        _positive("optim.muon.ns_steps", self.ns_steps)
+
+
+@dataclass(frozen=True)
 class OptimConfig:
     name: str = "adamw"
     lr: float = 1e-3
@@ -110,9 +126,11 @@ class OptimConfig:
     decay_frac: float = 0.2
     fused: Union[str, bool] = "auto"
     groups: GroupsConfig = field(default_factory=GroupsConfig)
+    muon: MuonConfig = field(default_factory=MuonConfig)
 
     def validate(self) -> None:
-        _choice("optim.name", self.name, ("adamw",))
+        _choice("optim.name", self.name, ("adamw", "muon"))
+        self.muon.validate()
         SCHEDULES[self.schedule]  # an unknown name raises one line listing the valid ones
         _choice("optim.fused", self.fused, ("auto", True, False))
         if not (self.lr > 0):
@@ -185,6 +203,9 @@ def parse_run_config(cfg: DictConfig) -> RunConfig:
     rc.train.validate()
     rc.optim.validate()
     rc.logging.validate()
+    if rc.optim.name == "muon" and rc.train.precision == "fp16":
+        _bad("train.precision", "fp16", "optim=muon runs in bf16 or fp32 (its split Q/K/V updates bypass fp16's "
+                                        "gradient scaler); use train.precision=bf16")
     return rc
 
 

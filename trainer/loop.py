@@ -27,7 +27,7 @@ from . import checkpoint as ck
 from . import distributed as D
 from .config import ConfigError, RunConfig, parse_run_config
 from .monitor import IntervalTimer, SpikeDetector, block_grad_norms, mfu, peak_flops, residual_rms
-from .optim import LRSchedule, attach_lr, build_optimizer, set_lr
+from .optim import LRSchedule, attach_lr, build_optimizer, for_variant, set_lr
 from .sinks import JsonlSink, Sink, WandbSink, truncate_jsonl
 
 log = logging.getLogger("nanonorm.train")
@@ -122,6 +122,7 @@ class Trainer:
         seed_all(t.seed)
         self.model = GPT(self.mcfg).to(self.device)
         seed_all(rank_seed(t.seed, d.rank))
+        self.o = for_variant(self.o, self.model.variant)  # what the variant fixes (nGPT: no decay, no warmup)
         self.opt = build_optimizer(self.model, self.o, self.device)
         self.sched = LRSchedule(self.o, t.max_steps)
         if self.o.warmup_steps >= t.max_steps:  # the last update (max_steps - 1) is still inside the warmup
@@ -437,6 +438,7 @@ class Trainer:
             self.opt.step()
         elif not skip:
             self.opt.step()
+        self.model.after_optimizer_step(~bad)  # the variant's post-step hook; a no-op unless applied
         self.opt.zero_grad(set_to_none=True)
         self.updates += (~bad).double()
         self.skipped += bad.long()

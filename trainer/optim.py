@@ -1,4 +1,4 @@
-"""AdamW over the model's parameter groups (the LR schedules are in schedules.py).
+"""AdamW, or Muon + AdamW, over the model's parameter groups (the LR schedules are in schedules.py).
 
 The model says which group each parameter is in (`GPT.parameter_groups`: matrices, embeddings,
 vectors, scalars); `optim.groups.<group>` gives each group an lr multiplier and a weight decay.
@@ -7,9 +7,11 @@ so a skipped (non-finite) step leaves the schedule where it was without a host s
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from .config import OptimConfig
+from .config import ConfigError, OptimConfig
 from .schedules import LRSchedule  # noqa: F401  (re-exported: the loop builds its schedule here)
 
 
@@ -27,12 +29,32 @@ def group_settings(ocfg: OptimConfig) -> dict[str, tuple[float, float]]:
     return out
 
 
-def build_optimizer(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+def for_variant(ocfg: OptimConfig, variant) -> OptimConfig:
+    """The optimizer config with the variant's `optim_overrides` applied (nGPT: no weight decay in any
+    group, no warmup). A `weight_decay` override sets every group's decay too."""
+    over = dict(getattr(variant, "optim_overrides", {}))
+    if not over:
+        return ocfg
+    if "weight_decay" in over:
+        wd = over["weight_decay"]
+        groups = {n: dataclasses.replace(getattr(ocfg.groups, n), weight_decay=wd) for n in ocfg.groups.names()}
+        over["groups"] = dataclasses.replace(ocfg.groups, **groups)
+    return dataclasses.replace(ocfg, **over)
+
+
+def build_optimizer(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device):
+    """`optim.name`: adamw (every group) or muon (Muon for matrices, AdamW for the rest)."""
+    if ocfg.name == "muon":
+        return MuonAdamW(model, ocfg, device)
+    return build_adamw(model, model.parameter_groups(), ocfg, device)
+
+
+def build_adamw(model: torch.nn.Module, named_groups: dict, ocfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
     settings = group_settings(ocfg)
     fused = fused_supported(device) if ocfg.fused == "auto" else bool(ocfg.fused)
     lr = torch.tensor(ocfg.lr, dtype=torch.float32, device=device)  # the schedule's LR (logged), filled each step
     groups = []
-    for name, named in model.parameter_groups().items():
+    for name, named in named_groups.items():
         if named:  # a variant without scalars has no scalar group
             mult, wd = settings[name]
             groups.append({"params": [p for _, p in named], "weight_decay": wd, "group": name, "lr_mult": mult,
@@ -61,3 +83,80 @@ def attach_lr(opt: torch.optim.Optimizer) -> None:
         g["lr"] = t
     for g, name in zip(opt.param_groups, saved):
         g["lr_mult"], g["weight_decay"] = opt.group_settings[name]
+
+
+class MuonAdamW:
+    """torch.optim.Muon for the `matrices` group and AdamW for every other group, as one optimizer
+    (modded-nanogpt's recipe). The loop uses it like AdamW: `param_groups` (with their LR tensors),
+    `step`, `zero_grad`, `state_dict`, `load_state_dict`.
+
+    Muon orthogonalizes each weight's update as one matrix, so a weight that stacks several matrices
+    (attention's q, k, v rows: `GPT.fused_matrices()`) is handed to Muon as views of its row blocks,
+    each with the matching rows of the gradient: Q, K and V are orthogonalized separately, as in the
+    speedrun. Muon reads its LR on the host, so a step costs one host sync, and the non-finite guard
+    takes the loop's host-checked path (a bad step skips both optimizers). Under DDP the gradients
+    are all-reduced first, so every rank computes the same update.
+    """
+
+    is_fused = False  # the loop's non-finite guard: check on the host, skip both optimizers together
+
+    def __init__(self, model: torch.nn.Module, ocfg: OptimConfig, device: torch.device):
+        if not hasattr(torch.optim, "Muon"):
+            raise ConfigError(f"optim=muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
+        groups = model.parameter_groups()
+        matrices = groups.pop("matrices")
+        self.adamw = build_adamw(model, groups, ocfg, device)
+        self.lr_tensor = self.adamw.lr_tensor
+        self.group_settings = group_settings(ocfg)
+        mult, wd = self.group_settings["matrices"]
+        # Muon's lr follows the schedule's shape: schedule(u) x muon.lr / lr, times the group's lr_mult.
+        self.group_settings["matrices"] = (mult * ocfg.muon.lr / ocfg.lr, wd)
+        fused = model.fused_matrices()
+        self.splits = []   # (stacked weight, its row-block views)
+        params = []
+        for _, p in matrices:
+            n = fused.get(id(p), 1)
+            if n == 1:
+                params.append(p)
+                continue
+            rows = p.shape[0] // n
+            views = [p.detach()[i * rows:(i + 1) * rows] for i in range(n)]  # share p's storage
+            self.splits.append((p, views))
+            params.extend(views)
+        mult = self.group_settings["matrices"][0]
+        lr = torch.tensor(ocfg.lr * mult, dtype=torch.float32, device=device)
+        self.muon = torch.optim.Muon([{"params": params, "group": "matrices", "lr_mult": mult, "lr": lr}],
+                                     lr=lr, weight_decay=wd, momentum=ocfg.muon.momentum,
+                                     nesterov=ocfg.muon.nesterov, ns_steps=ocfg.muon.ns_steps)
+        self.group_lrs = self.adamw.group_lrs + [lr]
+
+    @property
+    def param_groups(self) -> list:
+        return self.adamw.param_groups + self.muon.param_groups
+
+    def step(self) -> None:
+        for p, views in self.splits:
+            if p.grad is not None:
+                rows = views[0].shape[0]
+                for i, v in enumerate(views):
+                    v.grad = p.grad[i * rows:(i + 1) * rows]
+        self.adamw.step()
+        self.muon.step()
+        for _, views in self.splits:
+            for v in views:
+                v.grad = None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.adamw.zero_grad(set_to_none=set_to_none)
+        self.muon.zero_grad(set_to_none=set_to_none)
+        for p, _ in self.splits:  # the stacked weights themselves are in neither optimizer
+            p.grad = None
+
+    def state_dict(self) -> dict:
+        return {"adamw": self.adamw.state_dict(), "muon": self.muon.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if set(state) != {"adamw", "muon"}:
+            raise ValueError("optimizer state is not Muon + AdamW's (was the run trained with another optim.name?)")
+        self.adamw.load_state_dict(state["adamw"])
+        self.muon.load_state_dict(state["muon"])

@@ -1,0 +1,111 @@
+"""optim=muon: torch.optim.Muon on the matrices (Q, K, V split), AdamW on the rest, one LR schedule,
+exact resume, the non-finite guard for both, and one-line errors."""
+import math
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from trainer import checkpoint as ck
+from trainer.config import ConfigError, MuonConfig, OptimConfig
+from trainer.loop import train
+from trainer.optim import MuonAdamW, build_optimizer, set_lr
+from trainer.sinks import RecordingSink
+
+from test_train import make_cfg, records  # noqa: E402  (the tiny training config)
+
+pytestmark = pytest.mark.usefixtures("pydocs")
+D = 32
+
+
+def tiny(arch_kw=None):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=D, **(arch_kw or {})))
+
+
+def test_q_k_v_are_orthogonalized_as_separate_matrices():
+    model = tiny()
+    ocfg = OptimConfig(name="muon", lr=0.01, weight_decay=0.0, muon=MuonConfig(lr=0.05))
+    opt = build_optimizer(model, ocfg, torch.device("cpu"))
+    set_lr(opt, torch.tensor(0.01))
+    x = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(1))
+    model(x, x)[1].backward()
+    w = model.blocks[0].attn.c_attn.weight
+    before, grad = w.detach().clone(), w.grad.clone()
+    fc = model.blocks[0].mlp.c_fc.weight
+    fc_before, fc_grad = fc.detach().clone(), fc.grad.clone()
+    opt.step()
+
+    def muon_step(w0, g):  # the reference: one torch.optim.Muon step on a separate matrix
+        p = torch.nn.Parameter(w0.clone())
+        p.grad = g.clone()
+        torch.optim.Muon([p], lr=0.05, weight_decay=0.0, momentum=0.95, nesterov=True, ns_steps=5).step()
+        return p.detach()
+
+    for i in range(3):  # q, k, v rows
+        rows = slice(i * D, (i + 1) * D)
+        assert torch.allclose(w.detach()[rows], muon_step(before[rows], grad[rows]), atol=1e-6), i
+    assert not torch.allclose(w.detach(), muon_step(before, grad), atol=1e-4)  # the fused reading differs
+    assert torch.allclose(fc.detach(), muon_step(fc_before, fc_grad), atol=1e-6)  # 4d x d, lr x sqrt(4)
+    opt.zero_grad()
+    assert w.grad is None and all(v.grad is None for _, vs in opt.splits for v in vs)
+    groups = {g["group"] for g in opt.param_groups}
+    assert groups == {"matrices", "embeddings", "vectors"}
+    assert [g["group"] for g in opt.muon.param_groups] == ["matrices"]
+    assert id(model.wte.weight) not in {id(p) for g in opt.muon.param_groups for p in g["params"]}
+
+
+def test_muon_lr_follows_the_schedule_shape():
+    model = tiny()
+    opt = build_optimizer(model, OptimConfig(name="muon", lr=0.008, muon=MuonConfig(lr=0.05)), torch.device("cpu"))
+    set_lr(opt, torch.tensor(0.004))  # half the peak
+    lrs = {g["group"]: float(g["lr"]) for g in opt.param_groups}
+    assert lrs["matrices"] == pytest.approx(0.025) and lrs["embeddings"] == pytest.approx(0.004)
+
+
+def test_muon_trains_on_llama_and_resumes_exactly(tmp_path):
+    common = ["optim=muon", "arch=llama", "train.max_steps=6", "optim.warmup_steps=2", "optim.decay_frac=0.5"]
+    a, b = tmp_path / "straight", tmp_path / "resumed"
+    train(make_cfg(a, *common))
+    train(make_cfg(b, *common, "train.stop_at=3"))
+    train(make_cfg(b, *common, "train.resume=auto"))
+    la = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records(a, "train")]
+    lb = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records(b, "train")]
+    assert la == lb and len(la) == 6
+    sa, sb = ck.load_checkpoint(ck.find_latest(a)), ck.load_checkpoint(ck.find_latest(b))
+    for k, v in sa["model"].items():
+        assert torch.equal(v, sb["model"][k]), k
+    assert set(sa["optimizer"]) == {"adamw", "muon"}
+    for pid, st in sa["optimizer"]["muon"]["state"].items():
+        assert torch.equal(st["momentum_buffer"], sb["optimizer"]["muon"]["state"][pid]["momentum_buffer"])
+    ev = records(a, "eval")
+    assert ev[-1]["val_loss"] < ev[0]["val_loss"] - 0.5
+
+
+def test_nonfinite_step_skips_muon_and_adamw(tmp_path):
+    common = ["optim=muon", "optim.schedule=constant", "optim.warmup_steps=10", "train.ckpt_interval=1",
+              "train.keep_last=9"]
+    train(make_cfg(tmp_path / "nan", *common, "train.max_steps=4", "train.inject_nan_at=3"))
+    train(make_cfg(tmp_path / "clean", *common, "train.max_steps=2"))
+    nan = ck.load_checkpoint(ck.ckpt_path(tmp_path / "nan", 3))
+    clean = ck.load_checkpoint(ck.ckpt_path(tmp_path / "clean", 2))
+    for k, v in clean["model"].items():
+        assert torch.equal(v, nan["model"][k]), k
+    for part in ("adamw", "muon"):
+        for pid, st in clean["optimizer"][part]["state"].items():
+            for name, t in st.items():
+                assert torch.equal(t, nan["optimizer"][part]["state"][pid][name]), (part, pid, name)
+    assert nan["scheduler"]["updates"] == 2 and nan["scheduler"]["skipped_total"] == 1
+    tr = records(tmp_path / "nan", "train")
+    assert tr[1]["lr"] < tr[2]["lr"] == tr[3]["lr"]
+
+
+def test_muon_errors_are_one_line(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="train.precision='fp16'.*optim=muon") as err:
+        train(make_cfg(tmp_path / "a", "optim=muon", "train.precision=fp16"))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ConfigError, match="optim.muon.momentum"):
+        train(make_cfg(tmp_path / "b", "optim=muon", "optim.muon.momentum=1.5"))
+    monkeypatch.delattr(torch.optim, "Muon")
+    with pytest.raises(ConfigError, match=r"optim=muon needs torch >= 2.9 \(torch.optim.Muon\); this is torch "):
+        MuonAdamW(tiny(), OptimConfig(name="muon"), torch.device("cpu"))
