@@ -420,7 +420,7 @@ def report(root: Path, docs: Path) -> None:
     times = root / "fidelity_times.json"
     if times.is_file():
         t = json.loads(times.read_text())
-        lines += ["### Wall time per part (two runs at a time, one thread each; summed over resumed sessions)", "",
+        lines += ["### Wall time per part (two runs at a time, one thread each; summed over resumed invocations)", "",
                   "| part | wall time |", "|---|---|"] + [f"| {k} | {v / 60:.0f} min |" for k, v in t.items()] + [""]
     missing = [name for name, runs in zip("abcde", (a, b, c, d, e)) if not runs]  # not started
     if missing:

@@ -596,7 +596,7 @@ class Trainer:
         wandb = next((s for s in self.sinks if isinstance(s, WandbSink)), None)
         lines = [
             f"{'diverged' if rec['diverged'] else 'finished'}: {self.step} steps, {rec['tokens']:,} tokens | "
-            f"this session {_hms(wall)}, {tps:,.0f} tok/s",
+            f"this process {_hms(wall)}, {tps:,.0f} tok/s",
             f"val loss: final {val(rec['final_val_loss'])}, best {val(rec['best_val_loss'])} | spikes: loss "
             f"{rec['spikes_loss']}, grad norm {rec['spikes_grad_norm']} | skipped steps {rec['skipped_steps']}",
             f"checkpoint {checkpoint or ck.find_latest(rd)} | metrics {rd / 'metrics.jsonl'} | config {rd / 'config.yaml'}"
