@@ -126,7 +126,8 @@ class GPTConfig:
             bad("norm.clamp", self.geonorm_clamp, "must be in (0, pi]")
         if self.decay_index not in DECAY_INDICES:
             bad("norm.decay_index", self.decay_index, f"valid: {', '.join(DECAY_INDICES)}")
-        for key, v in (("model.tie_embeddings", self.tie_embeddings), ("norm.learn_radius", self.learn_radius)):
+        for key, v in (("model.tie_embeddings", self.tie_embeddings), ("norm.learn_radius", self.learn_radius),
+                       ("model.bias", self.bias), ("model.qk_norm", self.qk_norm)):
             if not isinstance(v, bool):
                 bad(key, v, "must be true or false")
         if not (isinstance(self.alpha_init, (int, float)) and 0 < self.alpha_init < math.inf):
@@ -139,9 +140,6 @@ class GPTConfig:
             bad("model.pos_emb", self.pos_emb, f"valid: {', '.join(POS_EMBS)}")
         if self.mlp not in MLPS:
             bad("model.mlp", self.mlp, f"valid: {', '.join(MLPS)}")
-        for key, v in (("model.bias", self.bias), ("model.qk_norm", self.qk_norm)):
-            if not isinstance(v, bool):
-                bad(key, v, "must be true or false")
         if not (isinstance(self.rope_base, (int, float)) and 1 < self.rope_base < math.inf):
             bad("model.rope_base", self.rope_base, "must be a finite number > 1")
         if not (isinstance(self.rope_fraction, (int, float)) and 0 < self.rope_fraction <= 1):

@@ -12,7 +12,7 @@ from trainer.loop import train
 from trainer.optim import MuonAdamW, build_optimizer, set_lr
 from trainer.sinks import RecordingSink
 
-from test_train import make_cfg, records  # noqa: E402  (the tiny training config)
+from test_train import assert_resume_is_exact, make_cfg, records  # noqa: E402  (the tiny training config)
 
 pytestmark = pytest.mark.usefixtures("pydocs")
 D = 32
@@ -65,20 +65,11 @@ def test_muon_lr_follows_the_schedule_shape():
 
 def test_muon_trains_on_llama_and_resumes_exactly(tmp_path):
     common = ["optim=muon", "arch=llama", "train.max_steps=6", "optim.warmup_steps=2", "optim.decay_frac=0.5"]
-    a, b = tmp_path / "straight", tmp_path / "resumed"
-    train(make_cfg(a, *common))
-    train(make_cfg(b, *common, "train.stop_at=3"))
-    train(make_cfg(b, *common, "train.resume=auto"))
-    la = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records(a, "train")]
-    lb = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records(b, "train")]
-    assert la == lb and len(la) == 6
-    sa, sb = ck.load_checkpoint(ck.find_latest(a)), ck.load_checkpoint(ck.find_latest(b))
-    for k, v in sa["model"].items():
-        assert torch.equal(v, sb["model"][k]), k
+    sa, sb = assert_resume_is_exact(tmp_path, *common)
     assert set(sa["optimizer"]) == {"adamw", "muon"}
     for pid, st in sa["optimizer"]["muon"]["state"].items():
         assert torch.equal(st["momentum_buffer"], sb["optimizer"]["muon"]["state"][pid]["momentum_buffer"])
-    ev = records(a, "eval")
+    ev = records(tmp_path / "straight", "eval")
     assert ev[-1]["val_loss"] < ev[0]["val_loss"] - 0.5
 
 

@@ -17,7 +17,7 @@ from model.norms import DyT, ScaleNorm
 from trainer.config import GroupConfig, GroupsConfig, OptimConfig
 from trainer.optim import build_optimizer, set_lr
 
-from test_train import make_cfg, records  # noqa: F401  (shared tiny-run helpers)
+from test_train import assert_resume_is_exact, make_cfg, records  # noqa: F401  (shared tiny-run helpers)
 from trainer import checkpoint as ck
 from trainer.loop import train
 
@@ -133,16 +133,7 @@ def test_group_overrides_through_hydra_and_unknown_group(tmp_path):
 def test_resume_with_groups_is_exact(tmp_path):
     common = ["norm=geonorm", "train.max_steps=6", "optim.groups.scalars.lr_mult=30",
               "optim.groups.vectors.weight_decay=0.01"]
-    a, b = tmp_path / "straight", tmp_path / "resumed"
-    train(make_cfg(a, *common))
-    train(make_cfg(b, *common, "train.stop_at=3"))
-    train(make_cfg(b, *common, "train.resume=auto"))
-    la = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records(a, "train")]
-    lb = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records(b, "train")]
-    assert la == lb and len(la) == 6
-    sa, sb = ck.load_checkpoint(ck.find_latest(a)), ck.load_checkpoint(ck.find_latest(b))
-    for k, v in sa["model"].items():
-        assert torch.equal(v, sb["model"][k]), k
+    sa, sb = assert_resume_is_exact(tmp_path, *common)
     assert [g["lr_mult"] for g in sb["optimizer"]["param_groups"] if g["group"] == "scalars"] == [30.0]
 
 

@@ -39,6 +39,22 @@ def records(run_dir, kind=None):
     return [r for r in rs if kind is None or r["kind"] == kind]
 
 
+def assert_resume_is_exact(tmp_path, *common):
+    """Train 6 steps straight, and 3 + stop + resume to 6: losses, grad norms, LRs and weights must be
+    bitwise equal. Returns both final checkpoints for further checks."""
+    a, b = tmp_path / "straight", tmp_path / "resumed"
+    train(make_cfg(a, *common))
+    train(make_cfg(b, *common, "train.stop_at=3"))
+    train(make_cfg(b, *common, "train.resume=auto"))
+    la = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records(a, "train")]
+    lb = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records(b, "train")]
+    assert la == lb and len(la) == 6
+    sa, sb = ck.load_checkpoint(ck.find_latest(a)), ck.load_checkpoint(ck.find_latest(b))
+    for k, v in sa["model"].items():
+        assert torch.equal(v, sb["model"][k]), k
+    return sa, sb
+
+
 def test_resume_is_bitwise_exact(tmp_path):
     common = ["train.max_steps=6", "optim.schedule=cosine", "train.micro_batch_size=2"]  # accum 2
     a, b = tmp_path / "straight", tmp_path / "resumed"
