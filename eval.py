@@ -106,12 +106,12 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
                               f"{model.config.block_size} (tokens scored per window)")
     tokenizer = get_tokenizer(ckpt["tokenizer"])
     echo(f"eval: {ckpt_path} (step {ckpt['step']}, norm {model.config.norm}, {model.num_params() / 1e6:.2f}M params) "
-         f"on {rt.device} {str(rt.ptdtype).removeprefix('torch.')}, world size {rt.world_size}"
+         f"on {rt.device} {rt.precision}, world size {rt.world_size}"
          + (f", {torch.get_num_threads()} CPU threads" if rt.device.type == "cpu" else ""))
     payload = {"checkpoint": str(ckpt_path), "step": ckpt["step"], "norm": model.config.norm,
                "tokenizer": ckpt["tokenizer"], "model_config": ckpt["model_config"],
                "eval_config": cfg.to_dict(), "world_size": rt.world_size, "device": str(rt.device),
-               "dtype": str(rt.ptdtype).removeprefix("torch."), "wandb_run_id": ckpt.get("wandb_run_id")}
+               "dtype": rt.precision, "wandb_run_id": ckpt.get("wandb_run_id")}
 
     if cfg.split is not None:
         from evaluation.perplexity import evaluate_perplexity

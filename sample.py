@@ -35,7 +35,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--device", default="auto")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads for torch (default: OMP_NUM_THREADS if set, else the cores not busy with other work)")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 on CUDA) | float32 | bfloat16 | float16")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (bf16 on CUDA when supported, else fp32) | bf16 | fp16 | fp32, as train.precision")
     return p.parse_args(argv)
 
 
@@ -49,11 +50,14 @@ def sample(args) -> int:
 
     from evaluation.runtime import set_cpu_threads, setup
     from trainer.checkpoint import resolve_checkpoint
+    from trainer.distributed import PRECISION_CHOICES, precision_name
 
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples={args.num_samples}: must be >= 1")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads={args.threads}: must be >= 1")
+    if precision_name(args.dtype) is None:
+        raise ConfigError(f"--dtype={args.dtype}: valid: {', '.join(PRECISION_CHOICES)}")
     prompt = Path(args.prompt_file).read_text() if args.prompt_file else args.prompt
     ckpt_path = resolve_checkpoint(args.path)
     rt = setup(args.device, args.dtype)

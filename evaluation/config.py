@@ -11,6 +11,7 @@ from typing import Any, Optional
 import yaml
 
 from common import ConfigError
+from trainer.distributed import PRECISION_CHOICES, precision_name
 
 DEFAULT_YAML = Path(__file__).resolve().parent.parent / "configs" / "eval" / "default.yaml"
 
@@ -66,8 +67,9 @@ class EvalConfig:
         if not isinstance(self.tasks, (list, tuple)) or not all(isinstance(t, str) and t for t in self.tasks):
             bad("tasks", "must be a list of lm-eval task names (empty: no zero-shot tasks)")
         self.tasks = list(self.tasks)
-        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
-            bad("dtype", "valid: auto, float32, bfloat16, float16")
+        if precision_name(self.dtype) is None:
+            bad("dtype", f"valid: {', '.join(PRECISION_CHOICES)} (train.precision's names)")
+        self.dtype = precision_name(self.dtype)
         if not isinstance(self.wandb, bool):
             bad("wandb", "must be true or false")
         if self.include_path is not None and not Path(self.include_path).is_dir():

@@ -1,12 +1,13 @@
-"""Device, precision and torch.distributed plumbing shared by eval.py and sample.py."""
+"""eval.py's and sample.py's view of the runtime (device, rank, precision; set up by
+trainer.distributed, as training's) and their CPU thread count."""
 from __future__ import annotations
 
-import contextlib
 import os
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
+
+from trainer import distributed
 
 
 @dataclass
@@ -14,48 +15,23 @@ class Runtime:
     device: torch.device
     rank: int = 0
     world_size: int = 1
-    ptdtype: torch.dtype = torch.float32
+    precision: str = "fp32"  # bf16 | fp16 | fp32, as train.precision
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def ptdtype(self) -> torch.dtype:
+        return distributed.PRECISIONS[self.precision]
+
     def autocast(self):
-        """bf16/fp16 autocast on CUDA (as in training); a no-op in float32."""
-        if self.ptdtype == torch.float32:
-            return contextlib.nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.ptdtype)
+        """bf16/fp16 autocast (as in training); a no-op in fp32."""
+        return distributed.autocast(self.device, self.precision)()
 
     @property
     def cache_dtype(self):
-        return None if self.ptdtype == torch.float32 else self.ptdtype
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    from .config import EvalConfigError  # a ValueError: sample.py and eval.py both report it in one line
-
-    try:
-        dev = torch.device(name)
-    except RuntimeError:
-        raise EvalConfigError(f"bad device {name!r}: valid: auto, cpu, cuda, cuda:N") from None
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise EvalConfigError(f"bad device {name!r}: CUDA is not available here; use --device cpu or auto")
-    return dev
-
-
-def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        if device.type == "cuda" and torch.cuda.is_bf16_supported():
-            return torch.bfloat16
-        return torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"dtype={name!r}: valid are auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
+        return None if self.precision == "fp32" else self.ptdtype
 
 
 def cpu_threads(requested=None) -> int:
@@ -79,25 +55,12 @@ def set_cpu_threads(requested, device: torch.device) -> tuple[int, int]:
     return torch.get_num_threads(), before
 
 
-def setup(device: str = "auto", dtype: str = "auto") -> Runtime:
-    """Single process, or one rank of torchrun (RANK/WORLD_SIZE/LOCAL_RANK set): NCCL on CUDA, gloo on CPU."""
-    if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        dev = resolve_device(device)
-        if dev.type == "cuda":
-            dev = torch.device("cuda", local)
-            torch.cuda.set_device(dev)
-        if not dist.is_initialized():
-            from trainer.distributed import init_process_group
-
-            init_process_group(dev)
-        return Runtime(dev, rank, world, resolve_dtype(dtype, dev))
-    dev = resolve_device(device)
-    return Runtime(dev, 0, 1, resolve_dtype(dtype, dev))
+def setup(device: str = "auto", precision: str = "auto") -> Runtime:
+    """Single process, or one rank of torchrun (its local rank's GPU; NCCL on CUDA, gloo on CPU):
+    trainer.distributed's set-up, as train.py's. `precision`: a valid name (see precision_name)."""
+    d = distributed.init_distributed(device, key="device")
+    return Runtime(d.device, d.rank, d.world_size, distributed.resolve_precision(precision, d.device))
 
 
 def teardown() -> None:
-    from trainer.distributed import teardown
-
-    teardown()
+    distributed.teardown()

@@ -18,6 +18,7 @@ import torch
 
 from model import GPT, GPTConfig
 from model.generate import generate
+from trainer import distributed as D
 
 CASES = {  # name: (n_layer, n_head, n_embd, block_size, tokenizer vocab)
     "tiny": (4, 4, 128, 256, 257),            # configs/model/tiny.yaml, byte tokenizer
@@ -43,13 +44,14 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="median of this many timed runs per path")
     p.add_argument("--norm", default="pre_ln")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="as train.precision")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    ctx = D.autocast(device, args.dtype)
+    cache_dtype = None if args.dtype == "fp32" else D.PRECISIONS[args.dtype]
     print(f"# bench_sample: batch 1, {args.new_tokens} new tokens, greedy, norm={args.norm}, {device} {args.dtype}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
     print("| model | vocab | block | cache tok/s | no-cache tok/s | speedup |")
@@ -62,13 +64,12 @@ def main() -> None:
                               n_head=n_head, n_embd=n_embd)).to(device).eval()
         prompt = torch.zeros(1, 1, dtype=torch.long, device=device)
         new = args.new_tokens  # 1 + 256 tokens fit every case's block_size: no crop
-        ctx = torch.autocast(device.type, dtype=dtype) if dtype != torch.float32 else torch.autocast(device.type, enabled=False)
         res, outs = {}, {}
         for use_cache in (True, False):
             def run(n=new):
-                with ctx:
+                with ctx():
                     outs[use_cache] = generate(model, prompt, n, temperature=0, use_cache=use_cache,
-                                               vocab_size=vocab, cache_dtype=dtype if dtype != torch.float32 else None)
+                                               vocab_size=vocab, cache_dtype=cache_dtype)
             run(16)  # warm-up
             res[use_cache] = statistics.median(timed(run, device) for _ in range(args.repeats))
         same = torch.equal(outs[True], outs[False])

@@ -358,7 +358,8 @@ def test_successive_evaluations_keep_every_result_and_failures_exit_nonzero(tmp_
 
 
 @pytest.mark.parametrize("argv, needle", [
-    (["--device", "cuda"], "bad device 'cuda': CUDA is not available here"),
+    (["--device", "cuda"], "bad config device='cuda': torch sees no CUDA device here"),
+    (["--dtype", "fp8"], "bad eval config dtype='fp8': valid: auto, bf16, fp16, fp32"),
     (["--stride", "17"], f"bad eval config stride=17: must be at most the model's block_size={BLOCK}"),
     (["--threads", "0"], "bad eval config threads=0: must be a positive integer"),
 ])

@@ -345,6 +345,24 @@ def test_cuda_device_without_cuda_is_one_line(tmp_path, monkeypatch):
         train(make_cfg(tmp_path, "train.device=cuda"))
 
 
+def test_training_and_evaluation_share_precision_names_and_auto(monkeypatch):
+    """train.precision and eval's/sample's --dtype: one set of names, one meaning of `auto`."""
+    from evaluation.config import EvalConfig
+    from trainer import distributed as D
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert D.resolve_precision("auto", cpu) == "fp32"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert D.resolve_precision("auto", cuda) == "bf16"
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    assert D.resolve_precision("auto", cuda) == "fp32"
+    assert [D.resolve_precision(n, cpu) for n in ("bf16", "fp16", "fp32")] == ["bf16", "fp16", "fp32"]
+    assert [EvalConfig(dtype=n).dtype for n in ("bfloat16", "float16", "float32", "auto")] == ["bf16", "fp16", "fp32", "auto"]
+    assert D.autocast(cpu, "fp32")().__class__.__name__ == "nullcontext"
+    with D.autocast(cpu, "bf16")():
+        assert torch.get_autocast_dtype("cpu") == torch.bfloat16
+
+
 def _prepared_copy(tmp_path):
     """A private copy of the test corpus's prepared dir (the shared one must stay intact)."""
     import shutil

@@ -43,7 +43,7 @@ def one_rank_fails(task_dir):
     from evaluation.harness import NanoLM, run_tasks
     from model import GPT, GPTConfig
 
-    rt = runtime.setup("cpu", "float32")
+    rt = runtime.setup("cpu", "fp32")
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=320, block_size=16, n_layer=2, n_head=2, n_embd=32)).eval()
     lm = NanoLM(model, get_tokenizer("bytes"), batch_size=2, rt=rt)

@@ -1,12 +1,17 @@
-"""Process-group setup for torchrun (NCCL on CUDA, gloo on CPU) and the few collectives the loop needs."""
+"""The runtime set-up shared by train.py, eval.py and sample.py: device, precision, the torchrun
+process group (NCCL on CUDA, gloo on CPU), and the few collectives the training loop needs."""
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
+
+from common import ConfigError
 
 
 @dataclass(frozen=True)
@@ -48,22 +53,69 @@ def init_process_group(device: torch.device) -> None:
     _wait_group = dist.new_group(backend="gloo", timeout=WAIT_TIMEOUT)
 
 
-def init_distributed(device_pref: str = "auto") -> DistInfo:
-    """Initialise from torchrun's env vars (RANK, LOCAL_RANK, WORLD_SIZE); single process otherwise."""
+def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") -> torch.device:
+    """`auto` (CUDA when torch sees a GPU, else CPU), `cpu`, `cuda` (this process's local rank's GPU)
+    or `cuda:N`. A GPU asked for where there is none: one-line ConfigError naming `key`."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"bad config {key}={name!r}: valid: auto, cpu, cuda, cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"bad config {key}={name!r}: torch sees no CUDA device here; valid: auto, cpu")
+        device = torch.device("cuda", local_rank if device.index is None else device.index)
+    elif device.type != "cpu":
+        raise ConfigError(f"bad config {key}={name!r}: valid: auto, cpu, cuda, cuda:N")
+    return device
+
+
+def init_distributed(device_pref: str = "auto", key: str = "train.device") -> DistInfo:
+    """Initialise from torchrun's env vars (RANK, LOCAL_RANK, WORLD_SIZE); single process otherwise.
+    Under torchrun each rank takes its local rank's GPU."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = env_rank(), int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available() if device_pref == "auto" else device_pref == "cuda"
-    if use_cuda and not torch.cuda.is_available():
-        from common import ConfigError  # a user setting, reported in one line like any bad key
-        raise ConfigError("bad config train.device='cuda': torch sees no CUDA device here; valid: auto, cpu")
-    if use_cuda:
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
-    else:
-        device = torch.device("cpu")
+    device = resolve_device(device_pref, local_rank, key)
+    if device.type == "cuda":
+        if world > 1:
+            device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
         init_process_group(device)
     return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
+
+
+# --- precision -----------------------------------------------------------------------------------
+
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+PRECISION_CHOICES = ("auto", *PRECISIONS)
+_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # torch's names, accepted by eval/sample
+
+
+def precision_name(name) -> str | None:
+    """The canonical name (auto, bf16, fp16, fp32) of `name` or of its torch alias; None if neither."""
+    name = _ALIASES.get(name, name) if isinstance(name, str) else name
+    return name if name in PRECISION_CHOICES else None
+
+
+def resolve_precision(name: str, device: torch.device) -> str:
+    """bf16 | fp16 | fp32 for a valid `name` (see precision_name); `auto` is bf16 on a CUDA device
+    that supports it, else fp32. Training and evaluation both resolve it here."""
+    canonical = precision_name(name)
+    if canonical is None:  # a bug: config parsing validates the name first
+        raise ValueError(f"unvalidated precision {name!r}")
+    if canonical == "auto":
+        return "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    return canonical
+
+
+def autocast(device: torch.device, precision: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of the forward pass's context: autocast to bf16/fp16, nothing for fp32."""
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = PRECISIONS[precision]
+    return lambda: torch.autocast(device.type, dtype=dtype)
 
 
 def wait_group():

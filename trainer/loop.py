@@ -45,12 +45,6 @@ def seed_all(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def resolve_precision(precision: str, device: torch.device) -> str:
-    if precision == "auto":
-        return "bf16" if device.type == "cuda" else "fp32"
-    return precision
-
-
 def grad_accum_steps(batch_tokens: int, micro_batch_size: int, block_size: int, world_size: int) -> int:
     per = micro_batch_size * block_size * world_size
     if batch_tokens % per or batch_tokens < per:
@@ -83,7 +77,7 @@ class Trainer:
         if not d.is_main:  # every rank runs the same code: its warnings would repeat rank 0's
             log.setLevel(logging.ERROR)
         self.device = d.device
-        self.precision = resolve_precision(t.precision, self.device)
+        self.precision = D.resolve_precision(t.precision, self.device)
         if self.precision == "fp16" and self.device.type == "cpu":
             log.warning("fp16 on CPU is slow and only useful for testing the GradScaler path")
         use_compile = (self.device.type == "cuda") if t.compile == "auto" else t.compile
@@ -158,11 +152,7 @@ class Trainer:
             self.ddp = DDP(self.fwd_model, device_ids=[d.local_rank] if dev.type == "cuda" else None)
         self.train_model = self.ddp or self.fwd_model
         self._flag_group = D.new_cpu_group() if d.enabled else None
-        if self.precision == "fp32":
-            self.autocast = contextlib.nullcontext
-        else:
-            dt = torch.bfloat16 if self.precision == "bf16" else torch.float16
-            self.autocast = lambda: torch.autocast(dev.type, dtype=dt)
+        self.autocast = D.autocast(dev, self.precision)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.flops_per_token = float(self.model.flops_per_token())
         self.peak = peak_flops(dev, self.precision)
