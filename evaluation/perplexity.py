@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
+from common import perplexity
 from data.errors import DataError
 
 from .scoring import count_windows, plan_windows, score_batch
@@ -98,5 +99,5 @@ def evaluate_perplexity(model, data_dir, split: str = "val", *, stride: Optional
     if tokens == 0:
         raise ValueError(f"split '{split}' of {data_dir} has no tokens to score")
     loss = nll.item() / tokens
-    return {"split": split, "loss": loss, "ppl": math.exp(loss), "tokens": tokens, "stride": stride,
+    return {"split": split, "loss": loss, "ppl": perplexity(loss), "tokens": tokens, "stride": stride,
             "block_size": block_size, "windows": n_windows}

@@ -15,6 +15,7 @@ from typing import Any, Iterable
 
 import yaml
 
+from common import perplexity
 from model import VARIANTS
 
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.yaml"
@@ -74,7 +75,7 @@ class Run:
         if self.evals and self.evals[-1].get("val_ppl") is not None:
             return float(self.evals[-1]["val_ppl"])
         loss = self.final_val_loss
-        return None if loss is None else _exp(loss)
+        return perplexity(loss)
 
     def spike_count(self, metric: str) -> int:
         key = f"spikes_{metric}"
@@ -88,13 +89,6 @@ class Run:
             if lines:
                 return lines[-1].get("step")
         return None
-
-
-def _exp(x: float) -> float:
-    try:
-        return math.exp(x)
-    except OverflowError:
-        return math.inf
 
 
 def get_key(cfg: dict, dotted: str, default: Any = None) -> Any:

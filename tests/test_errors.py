@@ -50,3 +50,12 @@ def test_registry_lists_valid_names_and_refuses_duplicates():
         reg.register("a")(A)
     reg.unregister("b")
     assert list(reg) == ["a"]
+
+
+def test_perplexity_is_exp_of_the_loss_clamped_where_it_would_overflow():
+    import math
+
+    from common import perplexity
+
+    assert perplexity(2.0) == math.exp(2.0) and perplexity(None) is None
+    assert perplexity(800.0) == math.inf and math.isnan(perplexity(math.nan))

@@ -201,6 +201,7 @@ def test_lr_schedules_and_weight_decay_groups():
     ("+model.foo=1", r"unknown model key\(s\) \['foo'\]"),
     ("+norm.clamps=1", r"unknown norm key\(s\) \['clamps'\]"),
     ("model.n_embd=33", r"n_embd"),
+    ("train.resume=/nonexistent/ckpt.pt", r"^bad config train\.resume='/nonexistent/ckpt\.pt': checkpoint .* does not exist"),
 ])
 def test_bad_overrides_fail_with_one_clear_line(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match) as e:

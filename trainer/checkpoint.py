@@ -124,16 +124,19 @@ def strip_prefixes(state_dict: dict) -> dict:
     return out
 
 
-def resolve_checkpoint(path_or_run_dir: Union[str, Path]) -> Path:
-    """A checkpoint file as given, or a run dir's newest one; one-line CheckpointError otherwise."""
+def resolve_checkpoint(path_or_run_dir: Union[str, Path], key: Optional[str] = None) -> Path:
+    """A checkpoint file as given, or a run dir's newest one; one-line CheckpointError otherwise.
+    The one resolver of train.py's `train.resume=<path>` (`key` names that setting in the error),
+    eval.py's and sample.py's path argument."""
     p = Path(path_or_run_dir)
+    bad = f"bad config {key}={str(path_or_run_dir)!r}: " if key else ""
     if p.is_dir():
         latest = find_latest(p)
         if latest is None:
-            raise CheckpointError(f"no checkpoints (checkpoints/ckpt_*.pt) in {p}")
+            raise CheckpointError(f"{bad}no checkpoints (checkpoints/ckpt_*.pt) in {p}")
         return latest
-    if not p.exists():
-        raise CheckpointError(f"checkpoint {p} does not exist (give a run dir or a ckpt_*.pt file)")
+    if not p.is_file():
+        raise CheckpointError(f"{bad}checkpoint {p} does not exist (give a run dir or a ckpt_*.pt file)")
     return p
 
 

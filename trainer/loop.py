@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from common import perplexity
 from data.config import DataConfig
 from data.files import atomic_write
 
@@ -194,14 +195,10 @@ class Trainer:
                 truncate_jsonl(metrics, -1)  # a run that never checkpointed: its records are stale
             return ("ok", str(latest) if latest else None)
         if t.resume != "none":
-            p = Path(t.resume)
-            if p.is_dir():
-                p = ck.find_latest(p)
-                if p is None:
-                    return ("error", f"bad config train.resume={t.resume!r}: no checkpoints in that directory")
-            elif not p.is_file():
-                return ("error", f"bad config train.resume={t.resume!r}: valid: none, auto, or an existing ckpt_*.pt / run dir")
-            return ("ok", str(p))
+            try:
+                return ("ok", str(ck.resolve_checkpoint(t.resume, key="train.resume")))
+            except ck.CheckpointError as e:  # raised on every rank below, once rank 0 has told them
+                return ("error", str(e))
         if latest is not None or (metrics.exists() and metrics.stat().st_size > 0):
             if not t.overwrite:
                 return ("error", f"run dir {run_dir} already holds a run ({latest or metrics}); pass train.resume=auto "
@@ -510,7 +507,7 @@ class Trainer:
         if math.isfinite(val):
             self.best_val = min(self.best_val, val)
         if self.d.is_main:
-            ppl = math.exp(val) if val < 700 else float("inf")
+            ppl = perplexity(val)
             self.emit({"kind": "eval", "step": self.step, "tokens": self.step * self.t.batch_tokens,
                        "val_loss": val, "val_ppl": ppl})
             if self.lg.console:
@@ -563,7 +560,7 @@ class Trainer:
         if summary and self.d.is_main:
             rec = {"kind": "summary", "step": self.step, "tokens": self.step * self.t.batch_tokens,
                    "final_val_loss": self.last_val,
-                   "final_val_ppl": math.exp(self.last_val) if self.last_val is not None and self.last_val < 700 else None,
+                   "final_val_ppl": perplexity(self.last_val),
                    "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
                    "spikes_loss": self.spike_loss.count, "spikes_grad_norm": self.spike_gn.count,
                    "skipped_steps": int(self.skipped.item()), "diverged": bool(result["diverged"]),
@@ -580,7 +577,7 @@ class Trainer:
         tps = (self.step - self._step0) * self.t.batch_tokens / max(wall, 1e-9)
 
         def val(v):
-            return "n/a" if v is None else f"{v:.4f} (ppl {math.exp(v):.2f})" if v < 700 else f"{v:.4f}"
+            return "n/a" if v is None else f"{v:.4f} (ppl {perplexity(v):.2f})"
 
         rd = self.run_dir
         wandb = next((s for s in self.sinks if isinstance(s, WandbSink)), None)
