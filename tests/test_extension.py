@@ -4,7 +4,6 @@ Each test defines the component here, as a user would in their own module, and u
 through the same config path as the built-in ones (no YAML, no edits elsewhere).
 """
 import pytest
-import torch
 
 from common import ConfigError
 from model.variants import VARIANTS, Variant, register

@@ -1,6 +1,5 @@
 """optim=muon: torch.optim.Muon on the matrices (Q, K, V split), AdamW on the rest, one LR schedule,
 exact resume, the non-finite guard for both, and one-line errors."""
-import math
 
 import pytest
 import torch
@@ -10,7 +9,6 @@ from trainer import checkpoint as ck
 from trainer.config import ConfigError, MuonConfig, OptimConfig
 from trainer.loop import train
 from trainer.optim import MuonAdamW, build_optimizer, set_lr
-from trainer.sinks import RecordingSink
 
 from test_train import assert_resume_is_exact, make_cfg, records  # noqa: E402  (the tiny training config)
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from model import GPT, GPTConfig, VARIANTS
 from model.config import ConfigError
-from model.norms import DyT, ScaleNorm
+from model.norms import ScaleNorm
 from trainer.config import GroupConfig, GroupsConfig, OptimConfig
 from trainer.optim import build_optimizer, set_lr
 

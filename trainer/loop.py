@@ -245,12 +245,14 @@ class Trainer:
                       *(f"data.{k}" for k in DataConfig.CONTENT_KEYS))
     # How and where to resume, not what is trained.
     RESUME_KEYS = ("train.resume", "train.resume_force", "train.overwrite", "train.stop_at", "out_dir", "run_name")
+    # eval.py's defaults, composed into the configs of runs started before training stopped composing them.
+    UNREAD_PREFIX = "eval."
 
     def _check_config_changes(self, path: Path, saved: dict) -> None:
         now = _flatten(OmegaConf.to_container(self.cfg, resolve=True))
         before = _flatten(saved)
         changed = [k for k in sorted(set(now) | set(before))
-                   if now.get(k) != before.get(k) and k not in self.RESUME_KEYS]
+                   if now.get(k) != before.get(k) and k not in self.RESUME_KEYS and not k.startswith(self.UNREAD_PREFIX)]
         self.config_changed = bool(changed)
         if not changed:
             return
@@ -539,7 +541,7 @@ class Trainer:
                 "model": self.model.state_dict(), "model_config": self.mcfg.to_dict(),
                 "tokenizer": self.tokenizer_name, "data_dir": str(self.data_dir),
                 "optimizer": self.opt.state_dict(),
-                "scheduler": {"kind": self.o.schedule, "updates": self.updates.item(),
+                "scheduler": {"updates": self.updates.item(),
                               "skipped_total": int(self.skipped.item()), "consecutive_skipped": int(self.consec.item()),
                               "scaler": self.scaler.state_dict() if self.scaler else None},
                 "monitor": {"spike_loss": self.spike_loss.state_dict(), "spike_grad_norm": self.spike_gn.state_dict(),
