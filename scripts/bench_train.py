@@ -33,7 +33,7 @@ def sync(device):
 def bare_loop(tr: Trainer, steps: int) -> float:
     """The minimum: batches, forward/backward with accumulation, clip, AdamW step. Returns seconds."""
     model, opt, dev = tr.train_model, tr.opt, tr.device
-    sched = LRSchedule(tr.o, steps)
+    sched = LRSchedule(tr.optim_cfg, steps)
     sync(dev)
     t0 = time.perf_counter()
     for step in range(steps):
@@ -45,7 +45,7 @@ def bare_loop(tr: Trainer, steps: int) -> float:
             with tr.autocast():
                 _, loss = model(x, y)
             (loss / tr.accum).backward()
-        torch.nn.utils.clip_grad_norm_(tr.params, tr.o.grad_clip, foreach=True)
+        torch.nn.utils.clip_grad_norm_(tr.params, tr.optim_cfg.grad_clip, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
     sync(dev)
@@ -101,11 +101,11 @@ def run(a, ov, tmp: Path) -> None:
     bare_s, harn_s, extra_s = [], [], []
     tr = make_trainer(ov, tmp / "warm")
     bare_loop(tr, a.warmup)
-    tokens = a.steps * tr.t.batch_tokens
+    tokens = a.steps * tr.train_cfg.batch_tokens
     print(f"model {tr.mcfg.n_layer}L d={tr.mcfg.n_embd} T={tr.mcfg.block_size} norm={tr.mcfg.norm} | "
-          f"{tr.t.batch_tokens} tok/step | {a.steps} steps x {a.repeats} repeats | log/{tr.lg.log_interval} "
-          f"stats/{tr.lg.stats_interval} eval/{tr.t.eval_interval} ckpt/{tr.t.ckpt_interval} | "
-          f"wandb {tr.lg.wandb.mode} | {tr.device} {tr.precision} threads={torch.get_num_threads()}", flush=True)
+          f"{tr.train_cfg.batch_tokens} tok/step | {a.steps} steps x {a.repeats} repeats | log/{tr.log_cfg.log_interval} "
+          f"stats/{tr.log_cfg.stats_interval} eval/{tr.train_cfg.eval_interval} ckpt/{tr.train_cfg.ckpt_interval} | "
+          f"wandb {tr.log_cfg.wandb.mode} | {tr.device} {tr.precision} threads={torch.get_num_threads()}", flush=True)
     tr.close()
     for r in range(a.repeats):
         tr = make_trainer(ov, tmp / f"bare{r}")

@@ -14,7 +14,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -24,8 +24,7 @@ from common import perplexity
 from data.config import DataConfig
 from data.files import atomic_write
 
-from . import checkpoint as ck
-from . import distributed as D
+from . import checkpoint, distributed, faults
 from .config import ConfigError, RunConfig, parse_run_config
 from .monitor import IntervalTimer, SpikeDetector, block_grad_norms, mfu, peak_flops, residual_rms
 from .optim import LRSchedule, attach_lr, build_optimizer, for_variant, set_lr
@@ -55,15 +54,20 @@ def grad_accum_steps(batch_tokens: int, micro_batch_size: int, block_size: int, 
     return batch_tokens // per
 
 
+class StatsInputs(NamedTuple):
+    """What a stats step hands to log_stats: its last micro-batch and its per-block grad norms."""
+    batch: torch.Tensor
+    block_grad_norms: dict
+
+
 class Trainer:
-    def __init__(self, cfg: DictConfig, rc: RunConfig, dist: D.DistInfo, sinks: Optional[list] = None):
-        self.cfg, self.rc, self.d = cfg, rc, dist
-        self.t, self.o, self.lg = rc.train, rc.optim, rc.logging
+    def __init__(self, cfg: DictConfig, rc: RunConfig, dist: distributed.DistInfo, sinks: Optional[list] = None):
+        self.cfg, self.dist = cfg, dist
+        self.train_cfg, self.optim_cfg, self.log_cfg = rc.train, rc.optim, rc.logging
         self.extra_sinks = list(sinks or [])
         self.sinks: list[Sink] = []
-        self.stop = ck.StopSignal()
+        self.stop = checkpoint.StopSignal()
         self.signal_step: Optional[int] = None
-        self.config_changed = False  # a resume with keys that differ from the checkpoint's config
         self._flag_work = None
         self._was_deterministic = torch.are_deterministic_algorithms_enabled()
         self._was_threads = torch.get_num_threads()
@@ -71,20 +75,37 @@ class Trainer:
     # --- setup -----------------------------------------------------------------------------------
 
     def setup(self) -> None:
-        import data as data_mod
-        from model import GPT, GPTConfig
-
-        t, d = self.t, self.d
-        if not d.is_main:  # every rank runs the same code: its warnings would repeat rank 0's
+        """Everything a run needs before its first step, in order; resumes from a checkpoint if asked."""
+        if not self.dist.is_main:  # every rank runs the same code: its warnings would repeat rank 0's
             log.setLevel(logging.ERROR)
-        self.device = d.device
-        self.precision = D.resolve_precision(t.precision, self.device)
+        self._configure_torch()
+        self._prepare_data()
+        # Rank 0's resolution of out_dir is the run dir for everyone (robust even to ${now:} in run_name).
+        self.run_dir = Path(distributed.broadcast_object(str(self.cfg.out_dir)))
+        resume_path = self._resolve_resume()
+        self._build_model_and_optimizer()
+        self._build_loaders()
+        self._init_run_state()
+        config_changed = self._load(resume_path) if resume_path is not None else False
+        self._wrap_model()
+        self.flops_per_token = float(self.model.flops_per_token())
+        self.peak = peak_flops(self.device, self.precision)
+        self._open_sinks(resume_path, config_changed)
+        self.stop.install()
+        self._log_start(resume_path)
+
+    def _configure_torch(self) -> None:
+        """Device, precision, threads, determinism and TF32, from train.*."""
+        train_cfg = self.train_cfg
+        self.device = self.dist.device
+        self.precision = distributed.resolve_precision(train_cfg.precision, self.device)
         if self.precision == "fp16" and self.device.type == "cpu":
             log.warning("fp16 on CPU is slow and only useful for testing the GradScaler path")
-        use_compile = (self.device.type == "cuda") if t.compile == "auto" else t.compile
-        if t.threads is not None:
-            torch.set_num_threads(t.threads)
-        if t.deterministic:
+        self.autocast = distributed.autocast(self.device, self.precision)
+        self.use_compile = (self.device.type == "cuda") if train_cfg.compile == "auto" else train_cfg.compile
+        if train_cfg.threads is not None:
+            torch.set_num_threads(train_cfg.threads)
+        if train_cfg.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
             torch.backends.cudnn.benchmark = False
@@ -92,85 +113,95 @@ class Trainer:
             torch.backends.cuda.matmul.allow_tf32 = True
             torch.backends.cudnn.allow_tf32 = True
 
-        # Data: rank 0 prepares (downloads/tokenizes, possibly for hours) first; the others wait
-        # (on a gloo group with a long timeout) and then find it ready.
+    def _prepare_data(self) -> None:
+        """The prepared data dir and its tokenizer. Rank 0 prepares (downloads/tokenizes, possibly for
+        hours) first; the others wait (on a gloo group with a long timeout) and then find it ready."""
+        import data as data_mod
+        from model import GPTConfig
+
         def prepare():
             data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
-            if d.is_main:  # sha256 and token ids of every shard, read once per data dir (recorded), before any rank uses them
+            if self.dist.is_main:  # sha256 and token ids of every shard, read once per data dir (recorded), before any rank uses them
                 tok_name = json.loads((data_dir / "meta.json").read_text())["tokenizer"]
                 data_mod.check_data_dir(data_dir, data_mod.get_tokenizer(tok_name).vocab_size, tokenizer=tok_name)
             return data_dir
 
-        self.data_dir = D.main_first(prepare)
-        meta = json.loads((self.data_dir / "meta.json").read_text())
-        self.tok = data_mod.get_tokenizer(meta["tokenizer"])
-        self.tokenizer_name = meta["tokenizer"]
+        self.data_dir = distributed.main_first(prepare)
+        self.tokenizer_name = json.loads((self.data_dir / "meta.json").read_text())["tokenizer"]
+        vocab_size = data_mod.get_tokenizer(self.tokenizer_name).vocab_size
+        self.mcfg = GPTConfig.from_hydra(self.cfg.model, self.cfg.norm, vocab_size=vocab_size)
+        self.accum = grad_accum_steps(self.train_cfg.batch_tokens, self.train_cfg.micro_batch_size,
+                                      self.mcfg.block_size, self.dist.world_size)
 
-        self.mcfg = GPTConfig.from_hydra(self.cfg.model, self.cfg.norm, vocab_size=self.tok.vocab_size)
-        T = self.mcfg.block_size
-        self.accum = grad_accum_steps(t.batch_tokens, t.micro_batch_size, T, d.world_size)
-        # Rank 0's resolution of out_dir is the run dir for everyone (robust even to ${now:} in run_name).
-        self.run_dir = Path(D.broadcast_object(str(self.cfg.out_dir)))
-        resume_path = self._resolve_resume()
+    def _build_model_and_optimizer(self) -> None:
+        """Model init from `seed` on every rank (DDP also broadcasts rank 0's weights); then per-rank seeds."""
+        from model import GPT
 
-        # Model init from `seed` on every rank (DDP also broadcasts rank 0's weights); then per-rank seeds.
-        seed_all(t.seed)
+        train_cfg = self.train_cfg
+        seed_all(train_cfg.seed)
         self.model = GPT(self.mcfg).to(self.device)
-        seed_all(rank_seed(t.seed, d.rank))
-        self.o = for_variant(self.o, self.model.variant)  # what the variant fixes (nGPT: no decay, no warmup)
-        self.opt = build_optimizer(self.model, self.o, self.device)
-        self.sched = LRSchedule(self.o, t.max_steps)
-        if self.o.warmup_steps >= t.max_steps:  # the last update (max_steps - 1) is still inside the warmup
-            log.warning(f"optim.warmup_steps={self.o.warmup_steps} >= train.max_steps={t.max_steps}: the run ends "
-                        f"inside the warmup and never reaches the peak optim.lr={self.o.lr}")
+        seed_all(rank_seed(train_cfg.seed, self.dist.rank))
+        self.optim_cfg = for_variant(self.optim_cfg, self.model.variant)  # what the variant fixes (nGPT: no decay, no warmup)
+        self.opt = build_optimizer(self.model, self.optim_cfg, self.device)
+        self.sched = LRSchedule(self.optim_cfg, train_cfg.max_steps)
+        if self.optim_cfg.warmup_steps >= train_cfg.max_steps:  # the last update (max_steps - 1) is still inside the warmup
+            log.warning(f"optim.warmup_steps={self.optim_cfg.warmup_steps} >= train.max_steps={train_cfg.max_steps}: "
+                        f"the run ends inside the warmup and never reaches the peak optim.lr={self.optim_cfg.lr}")
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
-        self.loader = data_mod.TrainLoader(self.data_dir, t.micro_batch_size, T, grad_accum=self.accum,
-                                           rank=d.rank, world_size=d.world_size, seed=t.seed)
-        self.val = data_mod.ValLoader(self.data_dir, t.eval_batch_size or t.micro_batch_size, T,
-                                      token_budget=t.eval_tokens, rank=d.rank, world_size=d.world_size)
-        dev = self.device
-        # Device-side state (read by the host at log steps only).
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+
+    def _build_loaders(self) -> None:
+        import data as data_mod
+
+        train_cfg, dist, block_size = self.train_cfg, self.dist, self.mcfg.block_size
+        self.loader = data_mod.TrainLoader(self.data_dir, train_cfg.micro_batch_size, block_size, grad_accum=self.accum,
+                                           rank=dist.rank, world_size=dist.world_size, seed=train_cfg.seed)
+        self.val = data_mod.ValLoader(self.data_dir, train_cfg.eval_batch_size or train_cfg.micro_batch_size, block_size,
+                                      token_budget=train_cfg.eval_tokens, rank=dist.rank, world_size=dist.world_size)
+
+    def _init_run_state(self) -> None:
+        """Counters, per-step buffers and monitors of a fresh run (a resume then loads them).
+        Device-side state is read by the host at log steps only."""
+        dev, log_cfg = self.device, self.log_cfg
         self.updates = torch.zeros((), dtype=torch.float64, device=dev)   # applied optimizer updates
         self.skipped = torch.zeros((), dtype=torch.int64, device=dev)     # skipped steps, total
         self.consec = torch.zeros((), dtype=torch.int64, device=dev)      # skipped steps in a row
-        L = self.lg.log_interval
-        self.loss_buf = torch.zeros(L, dtype=torch.float32, device=dev)
-        self.gn_buf = torch.zeros(L, dtype=torch.float32, device=dev)
-        self.nan = torch.tensor(float("nan"), device=dev)
-        self.spike_loss = SpikeDetector(self.lg.spike_window, self.lg.spike_k, self.lg.spike_min_history)
-        self.spike_gn = SpikeDetector(self.lg.spike_window, self.lg.spike_k, self.lg.spike_min_history)
+        self.loss_buf = torch.zeros(log_cfg.log_interval, dtype=torch.float32, device=dev)
+        self.gn_buf = torch.zeros(log_cfg.log_interval, dtype=torch.float32, device=dev)
+        self.spike_loss = SpikeDetector(log_cfg.spike_window, log_cfg.spike_k, log_cfg.spike_min_history)
+        self.spike_gn = SpikeDetector(log_cfg.spike_window, log_cfg.spike_k, log_cfg.spike_min_history)
         self.best_val, self.last_val = math.inf, None
         self.step, self.wandb_run_id = 0, None
-        if resume_path is not None:
-            self._load(resume_path)
 
-        self.fwd_model = torch.compile(self.model) if use_compile else self.model
-        self.compiling_step = use_compile  # the first step compiles: timed apart, reported as compile_s
+    def _wrap_model(self) -> None:
+        """torch.compile, DDP, and the debugging faults (trainer/faults.py) around the model, once.
+        fwd_model: compiled, for evaluation; train_model: what a training micro-step calls."""
+        self.fwd_model = torch.compile(self.model) if self.use_compile else self.model
+        self.compiling_step = self.use_compile  # the first step compiles: timed apart, reported as compile_s
         self.compile_s = None
         self.ddp = None
-        if d.enabled:
+        if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            self.ddp = DDP(self.fwd_model, device_ids=[d.local_rank] if dev.type == "cuda" else None)
-        self.train_model = self.ddp or self.fwd_model
-        self._flag_group = D.new_cpu_group() if d.enabled else None
-        self.autocast = D.autocast(dev, self.precision)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.flops_per_token = float(self.model.flops_per_token())
-        self.peak = peak_flops(dev, self.precision)
-        self._open_sinks(resume_path)
-        self.stop.install()
-        if d.is_main and self.lg.console:
+            self.ddp = DDP(self.fwd_model, device_ids=[self.dist.local_rank] if self.device.type == "cuda" else None)
+        self.train_model = faults.wrap_training_forward(self.ddp or self.fwd_model, self.train_cfg,
+                                                        step_being_made=lambda: self.step + 1)
+        self._flag_group = distributed.new_cpu_group() if self.dist.enabled else None
+
+    def _log_start(self, resume_path: Optional[Path]) -> None:
+        dist, train_cfg = self.dist, self.train_cfg
+        if dist.is_main and self.log_cfg.console:
             log.info(f"run dir {self.run_dir} | {self.mcfg.norm} | {self.model.num_params() / 1e6:.2f}M params | "
-                     f"{d.world_size} rank(s) x {t.micro_batch_size} seq x {T} tok x {self.accum} accum = "
-                     f"{t.batch_tokens} tok/step | {self.precision} | compile={use_compile} | device {dev}"
+                     f"{dist.world_size} rank(s) x {train_cfg.micro_batch_size} seq x {self.mcfg.block_size} tok x "
+                     f"{self.accum} accum = {train_cfg.batch_tokens} tok/step | {self.precision} | "
+                     f"compile={self.use_compile} | device {self.device}"
                      + (f" | resumed from {resume_path} at step {self.step}" if resume_path else ""))
 
     def _resolve_resume(self) -> Optional[Path]:
         """Rank 0 decides (fresh, resume from which file, or error) and tells the other ranks."""
         decision = None
-        if self.d.is_main:
+        if self.dist.is_main:
             decision = self._claim_run_dir() or self._decide_resume()
-        decision = D.broadcast_object(decision)
+        decision = distributed.broadcast_object(decision)
         if decision[0] == "error":
             raise ConfigError(decision[1])
         return Path(decision[1]) if decision[1] else None
@@ -178,44 +209,45 @@ class Trainer:
     def _claim_run_dir(self):
         """Rank 0 takes the run dir's lock before looking at what is in it, and keeps it until close():
         two runs started into one dir cannot both pass the checks below. None when claimed."""
-        self.lock = ck.RunDirLock(self.run_dir)
+        self.lock = checkpoint.RunDirLock(self.run_dir)
         if not self.lock.acquire():
             return ("error", f"run dir {self.run_dir} is in use by another train.py (pid {self.lock.holder()} holds "
                              f"{self.lock.path}); wait for it to end, or pass another run_name=...")
-        for p in ck.remove_stale_temps(self.run_dir):
+        for p in checkpoint.remove_stale_temps(self.run_dir):
             log.warning(f"removed {p}, left by an interrupted write")
         return None
 
     def _decide_resume(self):
-        t, run_dir = self.t, self.run_dir
-        latest = ck.find_latest(run_dir)
+        train_cfg, run_dir = self.train_cfg, self.run_dir
+        latest = checkpoint.find_latest(run_dir)
         metrics = run_dir / "metrics.jsonl"
-        if t.resume == "auto":
+        if train_cfg.resume == "auto":
             if latest is None:
                 truncate_jsonl(metrics, -1)  # a run that never checkpointed: its records are stale
             return ("ok", str(latest) if latest else None)
-        if t.resume != "none":
+        if train_cfg.resume != "none":
             try:
-                return ("ok", str(ck.resolve_checkpoint(t.resume, key="train.resume")))
-            except ck.CheckpointError as e:  # raised on every rank below, once rank 0 has told them
+                return ("ok", str(checkpoint.resolve_checkpoint(train_cfg.resume, key="train.resume")))
+            except checkpoint.CheckpointError as e:  # raised on every rank below, once rank 0 has told them
                 return ("error", str(e))
         if latest is not None or (metrics.exists() and metrics.stat().st_size > 0):
-            if not t.overwrite:
+            if not train_cfg.overwrite:
                 return ("error", f"run dir {run_dir} already holds a run ({latest or metrics}); pass train.resume=auto "
                                  f"to continue it, train.overwrite=true to start over, or another run_name=...")
-            shutil.rmtree(ck.ckpt_dir(run_dir), ignore_errors=True)
+            shutil.rmtree(checkpoint.ckpt_dir(run_dir), ignore_errors=True)
             metrics.unlink(missing_ok=True)
         return ("ok", None)
 
-    def _load(self, path: Path) -> None:
-        ckpt = ck.load_checkpoint(path)
-        ck.check_compatible(path, ckpt, self.mcfg.to_dict(), self.tokenizer_name)
-        self._check_config_changes(path, ckpt.get("config") or {})
+    def _load(self, path: Path) -> bool:
+        """Continue from checkpoint `path`. Returns whether the config differs from the checkpoint's."""
+        ckpt = checkpoint.load_checkpoint(path)
+        checkpoint.check_compatible(path, ckpt, self.mcfg.to_dict(), self.tokenizer_name)
+        config_changed = self._check_config_changes(path, ckpt.get("config") or {})
         try:
-            self.model.load_state_dict(ck.strip_prefixes(ckpt["model"]))
+            self.model.load_state_dict(checkpoint.strip_prefixes(ckpt["model"]))
             self.opt.load_state_dict(ckpt["optimizer"])
         except (RuntimeError, ValueError, KeyError) as e:
-            raise ck.CheckpointError(f"checkpoint {path} does not fit this model/optimizer: {str(e).splitlines()[0]}") from None
+            raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this model/optimizer: {str(e).splitlines()[0]}") from None
         attach_lr(self.opt)
         s = ckpt["scheduler"]
         self.updates.fill_(s["updates"])
@@ -230,14 +262,15 @@ class Trainer:
             self.best_val, self.last_val = m["best_val_loss"], m["last_val"]
         self.loader.load_state_dict(ckpt["loader"])
         rng = ckpt["rng"]
-        if rng.get("world_size") == self.d.world_size:
-            ck.set_rng_state(rng["per_rank"][self.d.rank])
+        if rng.get("world_size") == self.dist.world_size:
+            checkpoint.set_rng_state(rng["per_rank"][self.dist.rank])
         else:  # a different world size cannot continue every rank's streams: derive fresh ones
-            log.warning(f"resuming {path} with world size {self.d.world_size} (saved with {rng.get('world_size')}): "
+            log.warning(f"resuming {path} with world size {self.dist.world_size} (saved with {rng.get('world_size')}): "
                         f"RNG streams re-derived; data order is unchanged")
-            seed_all(rank_seed(self.t.seed + ckpt["step"], self.d.rank))
+            seed_all(rank_seed(self.train_cfg.seed + ckpt["step"], self.dist.rank))
         self.step = int(ckpt["step"])
         self.wandb_run_id = ckpt.get("wandb_run_id")
+        return config_changed
 
     # Keys that decide which tokens each step sees: changing one on resume makes the continuation differ
     # from an uninterrupted run, so it takes train.resume_force=true. (Model shape: check_compatible.)
@@ -248,33 +281,35 @@ class Trainer:
     # eval.py's defaults, composed into the configs of runs started before training stopped composing them.
     UNREAD_PREFIX = "eval."
 
-    def _check_config_changes(self, path: Path, saved: dict) -> None:
+    def _check_config_changes(self, path: Path, saved: dict) -> bool:
+        """Warn about keys that differ from the checkpoint's config (refuse exactness keys unless
+        train.resume_force); True when any differ."""
         now = _flatten(OmegaConf.to_container(self.cfg, resolve=True))
         before = _flatten(saved)
         changed = [k for k in sorted(set(now) | set(before))
                    if now.get(k) != before.get(k) and k not in self.RESUME_KEYS and not k.startswith(self.UNREAD_PREFIX)]
-        self.config_changed = bool(changed)
         if not changed:
-            return
+            return False
 
         def show(keys):
             return ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in keys)
 
         breaking = [k for k in changed if k in self.EXACTNESS_KEYS]
-        if breaking and not self.t.resume_force:
+        if breaking and not self.train_cfg.resume_force:
             raise ConfigError(f"resuming {path} with {show(breaking)} would not continue the same data order: "
                               f"pass train.resume_force=true to resume anyway, or start another run_name=...")
         log.warning(f"resuming {path} with a changed config: {show(changed)}"
                     + (" (the data order differs from an uninterrupted run)" if breaking else ""))
+        return True
 
-    def _open_sinks(self, resume_path: Optional[Path]) -> None:
-        if not self.d.is_main:
+    def _open_sinks(self, resume_path: Optional[Path], config_changed: bool) -> None:
+        if not self.dist.is_main:
             return
         self.run_dir.mkdir(parents=True, exist_ok=True)
         resolved = OmegaConf.to_container(self.cfg, resolve=True)
         text = OmegaConf.to_yaml(OmegaConf.create(resolved))
         cfg_path = self.run_dir / "config.yaml"
-        if self.config_changed and cfg_path.is_file():
+        if config_changed and cfg_path.is_file():
             # The config the steps so far ran with stays beside the new one.
             kept = self.run_dir / f"config_until_{self.step:08d}.yaml"
             if not kept.exists():
@@ -285,7 +320,7 @@ class Trainer:
         if resume_path is not None:
             truncate_jsonl(metrics, self.step)
         self.sinks = [JsonlSink(metrics)]
-        w = self.lg.wandb
+        w = self.log_cfg.wandb
         if w.mode != "disabled":
             sink = WandbSink(w, str(self.cfg.run_name), self.run_dir, resolved, self.wandb_run_id)
             self.wandb_run_id = sink.run_id
@@ -299,10 +334,10 @@ class Trainer:
     # --- the loop --------------------------------------------------------------------------------
 
     def run(self) -> dict:
-        t, lg = self.t, self.lg
+        train_cfg, log_cfg = self.train_cfg, self.log_cfg
         result = {"run_dir": str(self.run_dir), "stopped": None, "diverged": False}
-        if self.step >= t.max_steps and self.d.is_main:
-            log.warning(f"run {self.run_dir} is already complete (step {self.step}, train.max_steps={t.max_steps}); "
+        if self.step >= train_cfg.max_steps and self.dist.is_main:
+            log.warning(f"run {self.run_dir} is already complete (step {self.step}, train.max_steps={train_cfg.max_steps}); "
                         f"to train further, pass a larger train.max_steps with train.resume=auto")
         if self.step == 0:
             self.evaluate()
@@ -310,64 +345,76 @@ class Trainer:
         dev = self.device
         timer = IntervalTimer(sync=(lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None)
         n_buf = 0
-        while self.step < t.max_steps:
+        while self.step < train_cfg.max_steps:
             s = self.step + 1  # the step being made; records use completed-step counts
-            is_stats = s % lg.stats_interval == 0
-            if self.compiling_step:
-                with timer.exclude() as first:
-                    self.train_step(s, is_stats, n_buf)
-                self.compile_s, self.compiling_step = first.seconds, False
-            else:
-                self.train_step(s, is_stats, n_buf)
-                timer.steps += 1
+            is_stats = s % log_cfg.stats_interval == 0
+            stats_inputs = self._timed_train_step(s, is_stats, n_buf, timer)
             self.step, n_buf = s, n_buf + 1
             if self.stop.received is not None and self.signal_step is None:
                 self.signal_step = s  # the step during which this rank got the signal
-            last = s == t.max_steps
-            is_ckpt = s % t.ckpt_interval == 0 or last or (t.stop_at is not None and s >= t.stop_at)
+            last = s == train_cfg.max_steps
+            is_ckpt = s % train_cfg.ckpt_interval == 0 or last or (train_cfg.stop_at is not None and s >= train_cfg.stop_at)
             if is_stats:
                 with timer.exclude():
-                    self.log_stats(s)
+                    self.log_stats(s, stats_inputs)
             # Log steps: every log_interval, plus before any checkpoint (so a resumed run logs identically),
             # plus the step at which a stop signal is acted on (this step alone, the next one under DDP).
             signalled = self._stop_requested()
-            if s % lg.log_interval == 0 or is_ckpt or n_buf == lg.log_interval or signalled:
+            if s % log_cfg.log_interval == 0 or is_ckpt or n_buf == log_cfg.log_interval or signalled:
                 signal_seen, consec = self.log_train(s, n_buf, *timer.read())
                 n_buf = 0
                 timer.start()
-                if consec >= t.max_skipped:
-                    result["diverged"] = True
-                    msg = (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped "
-                           f"(train.max_skipped={t.max_skipped}); the run has diverged")
-                    if self.d.is_main:  # every rank stops with the same message: say it once
-                        log.error(msg)
-                    result["message"] = msg
-                    self.evaluate()
-                    result["checkpoint"] = str(self.save())
+                if consec >= train_cfg.max_skipped:
+                    self._stop_diverged(s, consec, result)
                     break
                 if signal_seen:
-                    result["stopped"] = signal_seen
-                    result["checkpoint"] = str(self.save())
-                    at = f" at step {self.signal_step}" if self.signal_step is not None else ""
-                    log.warning(f"{signal_seen} received{at}: checkpoint saved at step {s}; "
-                                f"continue with train.resume=auto")
+                    self._stop_signalled(s, signal_seen, result)
                     return self._finish(result, summary=False)
             with timer.exclude():
-                if s % t.eval_interval == 0 or last:
+                if s % train_cfg.eval_interval == 0 or last:
                     self.evaluate()
                 if is_ckpt:
                     result["checkpoint"] = str(self.save())
-                    if t.stop_at is not None and s >= t.stop_at and not last:
+                    if train_cfg.stop_at is not None and s >= train_cfg.stop_at and not last:
                         result["stopped"] = "stop_at"
                         return self._finish(result, summary=False)
         return self._finish(result, summary=True)
+
+    def _timed_train_step(self, s: int, is_stats: bool, slot: int, timer: IntervalTimer) -> Optional[StatsInputs]:
+        """train_step, counted by the interval timer; a compiling first step is timed apart (compile_s)."""
+        if not self.compiling_step:
+            stats_inputs = self.train_step(s, is_stats, slot)
+            timer.steps += 1
+            return stats_inputs
+        with timer.exclude() as first:
+            stats_inputs = self.train_step(s, is_stats, slot)
+        self.compile_s, self.compiling_step = first.seconds, False
+        return stats_inputs
+
+    def _stop_diverged(self, s: int, consec: int, result: dict) -> None:
+        """Too many non-finite steps in a row: evaluate, checkpoint, and end the run as diverged."""
+        result["diverged"] = True
+        msg = (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped "
+               f"(train.max_skipped={self.train_cfg.max_skipped}); the run has diverged")
+        if self.dist.is_main:  # every rank stops with the same message: say it once
+            log.error(msg)
+        result["message"] = msg
+        self.evaluate()
+        result["checkpoint"] = str(self.save())
+
+    def _stop_signalled(self, s: int, signal_seen: str, result: dict) -> None:
+        """A pre-emption signal: checkpoint at this step boundary, to be resumed."""
+        result["stopped"] = signal_seen
+        result["checkpoint"] = str(self.save())
+        at = f" at step {self.signal_step}" if self.signal_step is not None else ""
+        log.warning(f"{signal_seen} received{at}: checkpoint saved at step {s}; continue with train.resume=auto")
 
     def _stop_requested(self) -> bool:
         """Whether any rank has had SIGTERM/SIGUSR1. One process: this process's flag. DDP: all ranks must
         stop at the same step, so each step launches an asynchronous max-all-reduce of every rank's flag
         (a CPU tensor on a gloo group: no device sync) and reads the previous step's result, which has
         long arrived: a signal is acted on one step after the step it came in, with no blocking per step."""
-        if not self.d.enabled:
+        if not self.dist.enabled:
             return self.stop.received is not None
         seen = False
         if self._flag_work is not None:
@@ -378,15 +425,18 @@ class Trainer:
         if not seen:
             self._flag = torch.tensor(_FLAG_BASE - self.signal_step if self.signal_step is not None else 0.0,
                                       dtype=torch.float64)
-            self._flag_work = D.all_reduce_async(self._flag, "max", self._flag_group)
+            self._flag_work = distributed.all_reduce_async(self._flag, "max", self._flag_group)
         else:
             self._flag_work = None
         return seen
 
-    def train_step(self, s: int, is_stats: bool, slot: int) -> torch.Tensor:
-        t, dev = self.t, self.device
+    def train_step(self, s: int, is_stats: bool, slot: int) -> Optional[StatsInputs]:
+        """Step `s`: forward/backward over the micro-batches, clip, update or skip a non-finite step.
+        Its loss and grad norm go to the device buffers at `slot`. Returns, at a stats step
+        (`is_stats`), what log_stats needs from it; None otherwise."""
+        dev = self.device
         set_lr(self.opt, self.sched(self.updates))
-        bstep = 0 if t.overfit_batch else s - 1
+        bstep = 0 if self.train_cfg.overfit_batch else s - 1
         loss_sum = torch.zeros((), device=dev)
         for micro in range(self.accum):
             x, y = self.loader.get_batch(bstep, micro)
@@ -397,20 +447,16 @@ class Trainer:
             with (contextlib.nullcontext() if sync else self.ddp.no_sync()):
                 with self.autocast():
                     _, loss = self.train_model(x, y)
-                if t.inject_nan_at is not None and 0 <= s - t.inject_nan_at < t.inject_nan_steps:
-                    loss = loss * self.nan
                 loss_sum += loss.detach().float()
                 scaled = loss / self.accum
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if self.scaler is not None:
             self.scaler.unscale_(self.opt)
-        if is_stats:
-            self._block_gn = block_grad_norms(self.model.block_modules())
-            self._stats_batch = x
+        stats_inputs = StatsInputs(x, block_grad_norms(self.model.block_modules())) if is_stats else None
         grads = [p.grad for p in self.params if p.grad is not None]
         gn = torch.nn.utils.get_total_norm(grads, foreach=True)
-        if self.o.grad_clip > 0:
-            torch.nn.utils.clip_grads_with_norm_(self.params, self.o.grad_clip, gn, foreach=True)
+        if self.optim_cfg.grad_clip > 0:
+            torch.nn.utils.clip_grads_with_norm_(self.params, self.optim_cfg.grad_clip, gn, foreach=True)
         # Gradients are all-reduced, so `bad` agrees on every rank: all ranks skip together.
         bad = ~torch.isfinite(gn)
         if not self.opt.is_fused:
@@ -434,7 +480,7 @@ class Trainer:
         self.consec.copy_(torch.where(bad, self.consec + 1, torch.zeros_like(self.consec)))
         self.loss_buf[slot] = loss_sum / self.accum
         self.gn_buf[slot] = gn.float()
-        return gn
+        return stats_inputs
 
     # --- events ----------------------------------------------------------------------------------
 
@@ -443,12 +489,12 @@ class Trainer:
 
         `elapsed` is the time of the interval's `timed` steps (all n but a compiling first step);
         throughput and MFU are null when no step was timed."""
-        W = self.d.world_size
+        W = self.dist.world_size
         flag = 1.0 if self.stop.received else 0.0
         per_step = self.loss_buf[:n].clone()
-        D.all_reduce_(per_step, "sum")
+        distributed.all_reduce_(per_step, "sum")
         mx = torch.cat([self.loss_buf[:n], torch.tensor([flag], device=self.device)])
-        D.all_reduce_(mx, "max")
+        distributed.all_reduce_(mx, "max")
         host = torch.cat([per_step / W, mx, self.gn_buf[:n],
                           torch.stack([self.skipped.float(), self.consec.float(), self.opt.lr_tensor.float()])]).tolist()
         losses, maxes, signal_seen = host[:n], host[n:2 * n], host[2 * n] > 0
@@ -457,12 +503,12 @@ class Trainer:
         for i in range(n):
             for metric, det, v in (("loss", self.spike_loss, losses[i]), ("grad_norm", self.spike_gn, gns[i])):
                 z = det.update(v)
-                if z is not None and self.d.is_main:
-                    self.emit({"kind": "spike", "step": first + i, "tokens": (first + i) * self.t.batch_tokens,
+                if z is not None and self.dist.is_main:
+                    self.emit({"kind": "spike", "step": first + i, "tokens": (first + i) * self.train_cfg.batch_tokens,
                                "metric": metric, "value": v, "z": z})
                     log.warning(f"spike in {metric} at step {first + i}: {v:.4g} (z={z:.1f})")
-        tps = timed * self.t.batch_tokens / max(elapsed, 1e-9) if timed else None
-        rec = {"kind": "train", "step": s, "tokens": s * self.t.batch_tokens,
+        tps = timed * self.train_cfg.batch_tokens / max(elapsed, 1e-9) if timed else None
+        rec = {"kind": "train", "step": s, "tokens": s * self.train_cfg.batch_tokens,
                "loss": _fmean(losses), "loss_max": _fmean(maxes), "lr": lr, "grad_norm": _fmean(gns),
                "tokens_per_s": tps, "step_time": elapsed / timed if timed else None,
                "mfu": mfu(self.flops_per_token, tps / W, self.peak) if timed else None,
@@ -470,10 +516,10 @@ class Trainer:
                "spikes_grad_norm": self.spike_gn.count}
         if self.compile_s is not None:  # once, in the first record after the compiling step
             rec["compile_s"], self.compile_s = self.compile_s, None
-        if self.d.is_main:
+        if self.dist.is_main:
             self.emit(rec)
-            if self.lg.console:
-                log.info(f"step {s}/{self.t.max_steps} | loss {rec['loss']:.4f} | lr {lr:.3g} | grad norm "
+            if self.log_cfg.console:
+                log.info(f"step {s}/{self.train_cfg.max_steps} | loss {rec['loss']:.4f} | lr {lr:.3g} | grad norm "
                          f"{rec['grad_norm']:.3g}"
                          + (f" | {tps:,.0f} tok/s | {1000 * rec['step_time']:.0f} ms/step" if timed else "")
                          + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "")
@@ -484,9 +530,9 @@ class Trainer:
     def _eta(self, s: int) -> str:
         """Time left at this process's mean pace so far (validation and checkpoints included)."""
         done = s - self._step0
-        if done <= 0 or s >= self.t.max_steps:
+        if done <= 0 or s >= self.train_cfg.max_steps:
             return ""
-        return f" | eta {_hms((time.perf_counter() - self._wall0) / done * (self.t.max_steps - s))}"
+        return f" | eta {_hms((time.perf_counter() - self._wall0) / done * (self.train_cfg.max_steps - s))}"
 
     @torch.no_grad()
     def evaluate(self) -> None:
@@ -502,41 +548,41 @@ class Trainer:
             tot[0] += torch.where(n > 0, loss.double() * n, torch.zeros((), dtype=torch.float64, device=self.device))
             tot[1] += n
         m.train()
-        D.all_reduce_(tot, "sum")
+        distributed.all_reduce_(tot, "sum")
         loss_sum, count = tot.tolist()
         val = loss_sum / count if count else float("nan")
         self.last_val = val
         if math.isfinite(val):
             self.best_val = min(self.best_val, val)
-        if self.d.is_main:
+        if self.dist.is_main:
             ppl = perplexity(val)
-            self.emit({"kind": "eval", "step": self.step, "tokens": self.step * self.t.batch_tokens,
+            self.emit({"kind": "eval", "step": self.step, "tokens": self.step * self.train_cfg.batch_tokens,
                        "val_loss": val, "val_ppl": ppl})
-            if self.lg.console:
+            if self.log_cfg.console:
                 log.info(f"step {self.step} | val loss {val:.4f} | val ppl {ppl:.2f}")
 
     @torch.no_grad()
-    def log_stats(self, s: int) -> None:
-        """Residual RMS per sublayer (an extra eval-mode forward of this step's last micro-batch, rank 0's
-        view), per-block grad norms (pre-clip, this step), and the sphere family's norm_stats()."""
-        if not self.d.is_main:
+    def log_stats(self, s: int, inputs: StatsInputs) -> None:
+        """Residual RMS per sublayer (an extra eval-mode forward of step s's last micro-batch, rank 0's
+        view), per-block grad norms (pre-clip, step s), and the sphere family's norm_stats()."""
+        if not self.dist.is_main:
             return
         m = self.model  # eager, unwrapped: return_hidden must not trigger recompiles
         m.eval()
         m.set_stats_tracking(True)
         with self.autocast():
-            out = m(self._stats_batch, return_hidden=True)
-        stats = {**residual_rms(out[2]), **self._block_gn, **m.norm_stats()}
+            out = m(inputs.batch, return_hidden=True)
+        stats = {**residual_rms(out[2]), **inputs.block_grad_norms, **m.norm_stats()}
         m.set_stats_tracking(False)
         m.train()
         keys = list(stats)
         vals = torch.stack([stats[k].detach().float().reshape(()) for k in keys]).tolist()
-        self.emit({"kind": "stats", "step": s, "tokens": s * self.t.batch_tokens, **dict(zip(keys, vals))})
+        self.emit({"kind": "stats", "step": s, "tokens": s * self.train_cfg.batch_tokens, **dict(zip(keys, vals))})
 
     def save(self) -> Optional[Path]:
-        rng = D.gather_objects(ck.rng_state())  # every rank's streams, for an exact resume
+        rng = distributed.gather_objects(checkpoint.rng_state())  # every rank's streams, for an exact resume
         path = None
-        if self.d.is_main:
+        if self.dist.is_main:
             state = {
                 "model": self.model.state_dict(), "model_config": self.mcfg.to_dict(),
                 "tokenizer": self.tokenizer_name, "data_dir": str(self.data_dir),
@@ -546,37 +592,37 @@ class Trainer:
                               "scaler": self.scaler.state_dict() if self.scaler else None},
                 "monitor": {"spike_loss": self.spike_loss.state_dict(), "spike_grad_norm": self.spike_gn.state_dict(),
                             "best_val_loss": self.best_val, "last_val": self.last_val},
-                "rng": {"world_size": self.d.world_size, "per_rank": rng},
+                "rng": {"world_size": self.dist.world_size, "per_rank": rng},
                 "loader": self.loader.state_dict(),
                 "config": OmegaConf.to_container(self.cfg, resolve=True),
                 "wandb_run_id": self.wandb_run_id,
             }
-            path = ck.save_checkpoint(state, self.run_dir, self.step, self.t.keep_last)
-            if self.lg.console:
+            path = checkpoint.save_checkpoint(state, self.run_dir, self.step, self.train_cfg.keep_last)
+            if self.log_cfg.console:
                 log.info(f"saved {path}")
-        D.barrier()
+        distributed.barrier()
         return path
 
     def _finish(self, result: dict, summary: bool) -> dict:
         result["steps"] = self.step
-        if summary and self.d.is_main:
-            rec = {"kind": "summary", "step": self.step, "tokens": self.step * self.t.batch_tokens,
+        if summary and self.dist.is_main:
+            rec = {"kind": "summary", "step": self.step, "tokens": self.step * self.train_cfg.batch_tokens,
                    "final_val_loss": self.last_val,
                    "final_val_ppl": perplexity(self.last_val),
                    "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
                    "spikes_loss": self.spike_loss.count, "spikes_grad_norm": self.spike_gn.count,
                    "skipped_steps": int(self.skipped.item()), "diverged": bool(result["diverged"]),
-                   "steps": self.step, "norm": self.mcfg.norm, "seed": self.t.seed}
+                   "steps": self.step, "norm": self.mcfg.norm, "seed": self.train_cfg.seed}
             self.emit(rec)
             result["summary"] = rec
-            if self.lg.console:
+            if self.log_cfg.console:
                 self._print_summary(rec, result.get("checkpoint"))
         return result
 
-    def _print_summary(self, rec: dict, checkpoint: Optional[str]) -> None:
+    def _print_summary(self, rec: dict, ckpt_path: Optional[str]) -> None:
         """The end of a run on the console: the numbers, where everything is, what to run next."""
         wall = time.perf_counter() - self._wall0
-        tps = (self.step - self._step0) * self.t.batch_tokens / max(wall, 1e-9)
+        tps = (self.step - self._step0) * self.train_cfg.batch_tokens / max(wall, 1e-9)
 
         def val(v):
             return "n/a" if v is None else f"{v:.4f} (ppl {perplexity(v):.2f})"
@@ -588,8 +634,8 @@ class Trainer:
             f"this process {_hms(wall)}, {tps:,.0f} tok/s",
             f"val loss: final {val(rec['final_val_loss'])}, best {val(rec['best_val_loss'])} | spikes: loss "
             f"{rec['spikes_loss']}, grad norm {rec['spikes_grad_norm']} | skipped steps {rec['skipped_steps']}",
-            f"checkpoint {checkpoint or ck.find_latest(rd)} | metrics {rd / 'metrics.jsonl'} | config {rd / 'config.yaml'}"
-            + (f" | wandb run {wandb.run_id} ({self.lg.wandb.mode}{', ' + wandb.url if wandb.url else ''}, "
+            f"checkpoint {ckpt_path or checkpoint.find_latest(rd)} | metrics {rd / 'metrics.jsonl'} | config {rd / 'config.yaml'}"
+            + (f" | wandb run {wandb.run_id} ({self.log_cfg.wandb.mode}{', ' + wandb.url if wandb.url else ''}, "
                f"{rd / 'wandb'})" if wandb else " | wandb disabled"),
             f"next: python eval.py {rd} | python sample.py {rd} --prompt \"...\" | "
             f"python scripts/plot_curves.py {rd} --out {rd / 'curves'}",
@@ -634,11 +680,11 @@ def _fmean(xs):
 def train(cfg: DictConfig, sinks: Optional[list] = None) -> dict:
     """Run one training job from a composed Hydra config. Returns a result dict (summary, checkpoint)."""
     rc = parse_run_config(cfg)  # validate before touching devices or data
-    dist = D.init_distributed(rc.train.device)
+    dist = distributed.init_distributed(rc.train.device)
     trainer = Trainer(cfg, rc, dist, sinks)
     try:
         trainer.setup()
         return trainer.run()
     finally:
         trainer.close()
-        D.teardown()
+        distributed.teardown()

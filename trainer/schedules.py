@@ -24,16 +24,16 @@ class _Ops:
     """clamp/cos/where for floats or tensors, so one formula serves both."""
 
     def __init__(self, u):
-        self.t = isinstance(u, torch.Tensor)
+        self.is_tensor = isinstance(u, torch.Tensor)
 
     def clamp(self, x, lo, hi):
-        return x.clamp(lo, hi) if self.t else min(max(x, lo), hi)
+        return x.clamp(lo, hi) if self.is_tensor else min(max(x, lo), hi)
 
     def cos(self, x):
-        return torch.cos(x) if self.t else math.cos(x)
+        return torch.cos(x) if self.is_tensor else math.cos(x)
 
     def where(self, c, a, b):
-        return torch.where(c, a, b) if self.t else (a if c else b)
+        return torch.where(c, a, b) if self.is_tensor else (a if c else b)
 
 
 class Schedule:
