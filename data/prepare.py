@@ -26,6 +26,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -304,72 +305,19 @@ def _adopt_shards(cfg: DataConfig, tok, out: Path) -> Path:
 
 def _run(cfg: DataConfig, tok, out: Path, progress, fail_after) -> None:
     content = cfg.content()
-    state, why = _load_progress(out, content)
-    if state is None:
-        if (out / PROGRESS).exists():
-            _log(f"cannot resume ({why}); starting over")
-        _clear(out)
-    else:
-        done = sum(len(s["shards"]) for s in state["splits"].values())
-        _log(f"resuming {out}: {done} finished shards verified, {state['docs_read']} documents already read")
+    state = _resume_or_start_over(out, content)
     streams = open_streams(cfg)  # errors about files/columns/splits surface here, before any work
     writers = {s: SplitWriter(out, s, cfg.shard_size, state["splits"].get(s) if state else None)
                for s in ("train", "val")}
-    n_workers = cfg.num_workers or os.cpu_count() or 1
-    pool = None
-    if n_workers > 1:
-        ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
-        pool = ctx.Pool(n_workers, initializer=_init_worker, initargs=(cfg.tokenizer,))
-    else:
-        _init_worker(cfg.tokenizer)
-    from tqdm.auto import tqdm
-    total = sum(s.total for s in streams) if all(s.total is not None for s in streams) else None
-    if cfg.max_docs and total is not None:
-        total = min(total, cfg.max_docs * len(streams))
-    bar = tqdm(total=total, unit="doc", desc=f"prepare {out.name}", smoothing=0.05, dynamic_ncols=True,
-               disable=(not progress) if progress is not None else None)
-    t0, shards_written, last_ckpt = time.time(), 0, time.time()
+    t0 = time.time()
+    encoder = _Encoder(cfg)
+    bar = _progress_bar(cfg, streams, out, progress)
     try:
+        feeder = _Feeder(out, content, writers, encoder, bar, t0, fail_after)
         for si, stream in enumerate(streams):
             if state and si < state["stream"]:
                 continue
-            start = state["docs_read"] if state and si == state["stream"] else 0
-            bar.update(start)
-            pending: collections.deque = collections.deque()
-
-            def drain(limit):
-                nonlocal shards_written, last_ckpt
-                while len(pending) > limit:
-                    end, res = pending.popleft()
-                    res = res.get() if pool else res
-                    new = sum(writers[split].append(ids, n) for split, ids, n in res)
-                    shards_written += new
-                    now = time.time()
-                    bar.update(end[1])
-                    ntok = sum(w.tokens for w in writers.values())
-                    bar.set_postfix_str(f"{ntok / 1e6:.1f}M tok, {ntok / max(now - t0, 1e-9) / 1e6:.2f}M tok/s",
-                                        refresh=False)
-                    if new or now - last_ckpt > CHECKPOINT_EVERY_S:
-                        _save_progress(out, content, si, end[0], writers)
-                        last_ckpt = now
-                        if fail_after is not None and shards_written >= fail_after:
-                            raise RuntimeError(f"injected failure after {shards_written} shards")
-
-            for idx0, texts in _batched(stream, start, cfg):
-                idx = np.arange(idx0, idx0 + len(texts))
-                keep = np.fromiter((bool(t) for t in texts), dtype=bool, count=len(texts))
-                if stream.split is None:
-                    val = held_out(idx, cfg.split_seed, cfg.val_fraction)
-                    task = [("train", [t for t, k, v in zip(texts, keep, val) if k and not v]),
-                            ("val", [t for t, k, v in zip(texts, keep, val) if k and v])]
-                else:
-                    task = [(stream.split, [t for t, k in zip(texts, keep) if k])]
-                task = [(s, ts) for s, ts in task if ts]
-                res = pool.apply_async(_encode_task, (task,)) if pool else _encode_task(task)
-                # (docs read after this batch, docs in this batch): a checkpoint resumes after the batch
-                pending.append(((idx0 + len(texts), len(texts)), res))
-                drain(2 * n_workers + 2)  # bounded: at most this many batches in flight
-            drain(0)
+            feeder.feed(cfg, si, stream, start=state["docs_read"] if state and si == state["stream"] else 0)
             state = None  # later streams start from 0
             _save_progress(out, content, si + 1, 0, writers)
         bar.close()
@@ -378,11 +326,112 @@ def _run(cfg: DataConfig, tok, out: Path, progress, fail_after) -> None:
         splits = {s: w.finish() for s, w in writers.items()}
     finally:
         bar.close()
-        if pool is not None:
-            pool.terminate()
-            pool.join()
+        encoder.close()
         for w in writers.values():
             w.tail.close()
+    _check_splits(cfg, splits, val_held_out)
+    _write_meta(cfg, tok, out, streams, splits, content, topped, t0)
+
+
+def _resume_or_start_over(out: Path, content: dict) -> Optional[dict]:
+    """The progress of an interrupted preparation of the same content, or None (the dir cleared)."""
+    state, why = _load_progress(out, content)
+    if state is None:
+        if (out / PROGRESS).exists():
+            _log(f"cannot resume ({why}); starting over")
+        _clear(out)
+    else:
+        done = sum(len(s["shards"]) for s in state["splits"].values())
+        _log(f"resuming {out}: {done} finished shards verified, {state['docs_read']} documents already read")
+    return state
+
+
+class _Encoder:
+    """Tokenizes batches of documents: in a process pool (data.num_workers > 1), else in-process."""
+
+    def __init__(self, cfg: DataConfig):
+        self.n_workers = cfg.num_workers or os.cpu_count() or 1
+        self.pool = None
+        if self.n_workers > 1:
+            ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+            self.pool = ctx.Pool(self.n_workers, initializer=_init_worker, initargs=(cfg.tokenizer,))
+        else:
+            _init_worker(cfg.tokenizer)
+
+    def submit(self, task):
+        """A handle for result(): the pool's async result, or the result itself."""
+        return self.pool.apply_async(_encode_task, (task,)) if self.pool else _encode_task(task)
+
+    def result(self, handle):
+        return handle.get() if self.pool else handle
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+def _progress_bar(cfg: DataConfig, streams, out: Path, progress):
+    from tqdm.auto import tqdm
+
+    total = sum(s.total for s in streams) if all(s.total is not None for s in streams) else None
+    if cfg.max_docs and total is not None:
+        total = min(total, cfg.max_docs * len(streams))
+    return tqdm(total=total, unit="doc", desc=f"prepare {out.name}", smoothing=0.05, dynamic_ncols=True,
+                disable=(not progress) if progress is not None else None)
+
+
+class _Feeder:
+    """Streams documents through the encoder into the split writers, in order, with a bounded number
+    of batches in flight, saving progress after every finished shard (and every CHECKPOINT_EVERY_S)."""
+
+    def __init__(self, out: Path, content: dict, writers: dict, encoder: _Encoder, bar, t0: float, fail_after):
+        self.out, self.content, self.writers, self.encoder, self.bar = out, content, writers, encoder, bar
+        self.t0, self.fail_after = t0, fail_after
+        self.shards_written, self.last_ckpt = 0, time.time()
+        self.pending: collections.deque = collections.deque()
+
+    def feed(self, cfg: DataConfig, si: int, stream, start: int) -> None:
+        """Stream number `si` from document `start` on, to its end."""
+        self.bar.update(start)
+        for idx0, texts in _batched(stream, start, cfg):
+            res = self.encoder.submit(_split_task(cfg, stream, idx0, texts))
+            # (docs read after this batch, docs in this batch): a checkpoint resumes after the batch
+            self.pending.append(((idx0 + len(texts), len(texts)), res))
+            self._drain(si, 2 * self.encoder.n_workers + 2)  # bounded: at most this many batches in flight
+        self._drain(si, 0)
+
+    def _drain(self, si: int, limit: int) -> None:
+        while len(self.pending) > limit:
+            end, res = self.pending.popleft()
+            new = sum(self.writers[split].append(ids, n) for split, ids, n in self.encoder.result(res))
+            self.shards_written += new
+            now = time.time()
+            self.bar.update(end[1])
+            ntok = sum(w.tokens for w in self.writers.values())
+            self.bar.set_postfix_str(f"{ntok / 1e6:.1f}M tok, {ntok / max(now - self.t0, 1e-9) / 1e6:.2f}M tok/s",
+                                     refresh=False)
+            if new or now - self.last_ckpt > CHECKPOINT_EVERY_S:
+                _save_progress(self.out, self.content, si, end[0], self.writers)
+                self.last_ckpt = now
+                if self.fail_after is not None and self.shards_written >= self.fail_after:
+                    raise RuntimeError(f"injected failure after {self.shards_written} shards")
+
+
+def _split_task(cfg: DataConfig, stream, idx0: int, texts: list) -> list:
+    """[(split, texts)] of one batch: the stream's own split, or the held-out draw per document."""
+    idx = np.arange(idx0, idx0 + len(texts))
+    keep = np.fromiter((bool(t) for t in texts), dtype=bool, count=len(texts))
+    if stream.split is None:
+        val = held_out(idx, cfg.split_seed, cfg.val_fraction)
+        task = [("train", [t for t, k, v in zip(texts, keep, val) if k and not v]),
+                ("val", [t for t, k, v in zip(texts, keep, val) if k and v])]
+    else:
+        task = [(stream.split, [t for t, k in zip(texts, keep) if k])]
+    return [(s, ts) for s, ts in task if ts]
+
+
+def _check_splits(cfg: DataConfig, splits: dict, val_held_out: bool) -> None:
     if splits["train"]["documents"] == 0:
         raise DataError(f"empty corpus: data.source={cfg.source} produced no non-empty training documents"
                         + (f" from data.files={cfg.files}" if cfg.source == "local" else ""))
@@ -392,6 +441,10 @@ def _run(cfg: DataConfig, tok, out: Path, progress, fail_after) -> None:
     if not val_held_out and splits["val"]["tokens"] < cfg.val_min_tokens:
         _log(f"warning: the validation split has {splits['val']['tokens']:,} tokens, fewer than "
              f"data.val_min_tokens={cfg.val_min_tokens:,}: validation loss will be noisy")
+
+
+def _write_meta(cfg: DataConfig, tok, out: Path, streams, splits: dict, content: dict, topped: str, t0: float) -> None:
+    """meta.json (the sign of a finished preparation); the progress file goes."""
     meta = {
         "format": META_FORMAT, "version": 1, "name": cfg.name,
         "tokenizer": tok.name, "vocab_size": tok.vocab_size, "eot": tok.eot,
