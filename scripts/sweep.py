@@ -240,6 +240,26 @@ def write_manifest(sweep_dir: Path, sweep: str, args, points: list[dict]) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    check_args(args)
+    meta = load_meta(args.experiment) if args.experiment else {}
+    sweep = sweep_name(args, meta)
+    points = select_points(args, meta)
+    sweep_dir = Path(args.runs_root) / sweep
+    jobs = plan_jobs(points, args, sweep_dir, sweep)
+    if args.slurm:
+        return write_slurm(jobs, args, sweep_dir, sweep, points)
+    if args.dry_run:
+        return 0
+    write_manifest(sweep_dir, sweep, args, points)
+    failed = run_local(jobs, args.jobs, sweep_dir, args.stop_on_error)
+    if failed:
+        print(f"# {len(failed)} point(s) failed: {', '.join(failed)}; rerun the same command to resume them")
+        return 1
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--experiment", help="configs/experiment/<name>.yaml: its overrides and experiment_meta grid")
     ap.add_argument("--name", help="sweep name (run dir and wandb group; default: the experiment name)")
@@ -265,8 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-parallel", type=int, default=0, help="array throttle (%%N); 0 = no limit")
     ap.add_argument("--sbatch-extra", action="append", default=[], help="extra '#SBATCH' line, e.g. --account=x")
     ap.add_argument("overrides", nargs="*", help="fixed Hydra overrides for every point (put them after --)")
-    args = ap.parse_args(argv)
+    return ap
 
+
+def check_args(args) -> None:
     if args.nproc < 1:
         raise SystemExit(f"--nproc={args.nproc}: must be >= 1")
     if args.jobs < 1:
@@ -274,15 +296,22 @@ def main(argv: list[str] | None = None) -> int:
     bad = [o for o in args.overrides if "=" not in o]
     if bad:
         raise SystemExit(f"override {bad[0]!r}: expected key=value")
-    meta = load_meta(args.experiment) if args.experiment else {}
+
+
+def sweep_name(args, meta: dict) -> str:
+    """--name, else the experiment's name; the experiment's required keys must be given."""
     sweep = args.name or (args.experiment if args.experiment else None)
     if not sweep:
         raise SystemExit("--name is required without --experiment")
-    sweep = slug(sweep)
     given = {o.split("=", 1)[0].lstrip("+~") for o in list(args.overrides) + list(args.grid)}
     for key, why in (meta.get("requires") or {}).items():
         if key not in given:
             raise SystemExit(f"experiment {args.experiment} needs {key}: {why}")
+    return slug(sweep)
+
+
+def select_points(args, meta: dict) -> list[dict]:
+    """The grid (with --tune-lr's axis), narrowed by --only."""
     if args.tune_lr:
         if not meta.get("lr_grid"):
             raise SystemExit(f"--tune-lr: experiment {args.experiment!r} has no experiment_meta.lr_grid; "
@@ -294,8 +323,11 @@ def main(argv: list[str] | None = None) -> int:
         points = [p for p in points if p["label"] in keep]
         if not points:
             raise SystemExit(f"--only {args.only!r} matches no point label")
-    sweep_dir = Path(args.runs_root) / sweep
+    return points
 
+
+def plan_jobs(points: list[dict], args, sweep_dir: Path, sweep: str) -> list[tuple[dict, list[str]]]:
+    """(point, command) of every unfinished point; prints each point's status and the totals."""
     jobs, counts = [], {"done": 0, "resume": 0, "restart": 0, "new": 0}
     for p in points:
         status = point_status(sweep_dir / p["dir"])
@@ -310,29 +342,23 @@ def main(argv: list[str] | None = None) -> int:
                 print(shlex.join(cmd))
     print(f"# sweep {sweep}: {len(points)} points, {counts['done']} finished, "
           f"{counts['resume']} to resume, {counts['restart']} to restart, {counts['new']} new", flush=True)
+    return jobs
 
-    if args.slurm:
-        if not jobs:
-            return 0
-        script = sbatch_script(jobs, args, sweep_dir, sweep)
-        if args.dry_run:
-            print(script, end="")
-            return 0
-        write_manifest(sweep_dir, sweep, args, points)
-        path = sweep_dir / "sweep.sbatch"
-        path.write_text(script)
-        if args.submit:
-            return subprocess.run(["sbatch", str(path)], check=False).returncode
-        print(f"# wrote {path}; submit with: sbatch {path}")
+
+def write_slurm(jobs: list[tuple[dict, list[str]]], args, sweep_dir: Path, sweep: str, points: list[dict]) -> int:
+    """--slurm: the sbatch script (printed with --dry-run, else written, and submitted with --submit)."""
+    if not jobs:
         return 0
+    script = sbatch_script(jobs, args, sweep_dir, sweep)
     if args.dry_run:
+        print(script, end="")
         return 0
-
     write_manifest(sweep_dir, sweep, args, points)
-    failed = run_local(jobs, args.jobs, sweep_dir, args.stop_on_error)
-    if failed:
-        print(f"# {len(failed)} point(s) failed: {', '.join(failed)}; rerun the same command to resume them")
-        return 1
+    path = sweep_dir / "sweep.sbatch"
+    path.write_text(script)
+    if args.submit:
+        return subprocess.run(["sbatch", str(path)], check=False).returncode
+    print(f"# wrote {path}; submit with: sbatch {path}")
     return 0
 
 
