@@ -105,6 +105,23 @@ def test_nonfinite_step_is_skipped_without_touching_state(tmp_path):
     assert tr[1]["lr"] < tr[2]["lr"] == tr[3]["lr"]
 
 
+def test_nan_injection_wraps_the_forward_once_and_only_when_asked():
+    from trainer.config import TrainConfig
+    from trainer.faults import NanLoss, wrap_training_forward
+
+    def forward(x, y):
+        return x, torch.tensor(2.0)
+
+    assert wrap_training_forward(forward, TrainConfig(), lambda: 1) is forward  # default: nothing in the way
+    step = [0]
+    wrapped = wrap_training_forward(forward, TrainConfig(inject_nan_at=2, inject_nan_steps=2), lambda: step[0])
+    assert isinstance(wrapped, NanLoss)
+    nan_at = []
+    for step[0] in range(1, 6):
+        nan_at += [step[0]] if math.isnan(wrapped("x", "y")[1].item()) else []
+    assert nan_at == [2, 3]
+
+
 def test_consecutive_nonfinite_steps_stop_the_run_with_a_checkpoint(tmp_path):
     res = train(make_cfg(tmp_path, "train.max_steps=50", "train.inject_nan_at=2", "train.inject_nan_steps=100",
                          "train.max_skipped=3"))
