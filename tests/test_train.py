@@ -13,6 +13,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from trainer.config_store import register_code_configs
+
 from trainer import checkpoint as ck
 from trainer.config import ConfigError
 from trainer.loop import train
@@ -30,6 +32,7 @@ TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_siz
 
 
 def make_cfg(run_dir, *overrides):
+    register_code_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
         return compose("config", overrides=[*TINY, f"out_dir={run_dir}", *overrides])
 
