@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+_STORED: set[str] = set()  # the code-only `norm` options stored so far
 
 
 def group_defaults() -> dict:
@@ -39,11 +40,15 @@ def register_code_configs(config_dir: Path = CONFIG_DIR) -> list[str]:
 
     store = ConfigStore.instance()
     store.store(name="base_config", node={g: schema(d, f"{g}_schema") for g, d in group_defaults().items()})
+    for name in _STORED - set(VARIANTS):  # a variant unregistered since (a test's) is no option any more
+        store.repo.get("norm", {}).pop(f"{name}.yaml", None)
     stored = []
     for name in VARIANTS:
         if not (config_dir / "norm" / f"{name}.yaml").is_file():
             store.store(group="norm", name=name, node={"name": name})
             stored.append(name)
+    _STORED.clear()
+    _STORED.update(stored)
     return stored
 
 
