@@ -4,7 +4,7 @@
     python eval.py runs/<run_name>/checkpoints/ckpt_00010000.pt --tasks piqa,arc_easy --limit 500
     torchrun --standalone --nproc_per_node=8 eval.py runs/<run_name>   # split across ranks
 
-The model is rebuilt from the config stored in the checkpoint. Defaults: configs/eval/default.yaml
+The model is rebuilt from the config stored in the checkpoint. Defaults: evaluation/config.py (EvalConfig)
 (every key is a flag). Writes a JSON file with every metric, prints a markdown table, and logs to the
 run's wandb run when the checkpoint names one.
 """

@@ -36,7 +36,7 @@ if __name__ == "__main__":
         print(config_help(Path(__file__).resolve().parent / "configs"))
         sys.exit(0)
     sys.argv = hydra_argv_for_rank(sys.argv, env_rank())
-    from trainer.config_store import register_code_configs
+    from trainer.config_store import register_code_configs, run_hydra
 
-    register_code_configs()  # variants defined in code only are `norm=<name>` options too
-    _hydra_main()
+    register_code_configs()  # the config schema, and variants defined in code only as `norm=<name>` options
+    run_hydra(_hydra_main)   # a bad override is one line, like every other user error

@@ -1,12 +1,14 @@
-"""Typed, validated data config (the `data` Hydra group). Validated once; errors are one line."""
+"""Typed, validated data config (the `data` Hydra group): each default and its doc are written here once;
+configs/data/*.yaml hold what differs. Validated once; errors are one line."""
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Union
 
+from common.config import build
 
 from .errors import DataError
 from .sources import SOURCES
@@ -16,30 +18,27 @@ SAMPLE_BY = ("document", "paragraph", "line")
 
 @dataclass
 class DataConfig:
-    name: str
-    tokenizer: str = "bytes"
-    root: str = "data_cache"          # prepared data root; the yaml default reads env NANONORM_DATA
+    name: str                         # the corpus's name; the prepared dir is <root>/<name>[-<subset>]-<tokenizer>
+    tokenizer: str = "bytes"          # bytes (257 ids) | gpt2 (GPT-2 BPE)
+    root: Optional[str] = None        # prepared data root; null: $NANONORM_DATA, else data_cache
     source: str = "pydocs"            # pydocs | hf | local | shards (existing llm.c .bin files in `path`)
-    # hf: datasets.load_dataset(path, name=subset, revision=revision, split=split, streaming=streaming)
-    path: str | None = None
-    subset: str | None = None
-    revision: str | None = None
-    split: str = "train"
-    val_split: str | None = None      # the dataset's own validation split; null: hold out val_fraction
-    text_column: str = "text"
-    streaming: bool = False
-    cache_dir: str | None = None      # datasets cache (HF_DATASETS_CACHE if null)
-    # local: globs of .txt / .jsonl / .json / .parquet files (one format per dataset)
-    files: list[str] | None = None
-    val_files: list[str] | None = None
-    txt_sample_by: str = "document"   # .txt: one document per file | paragraph | line
-    # split and shards
+    path: Optional[str] = None        # hf: the dataset (datasets.load_dataset(path, name=subset, ...)); shards: their dir
+    subset: Optional[str] = None      # hf: the dataset's config name
+    revision: Optional[str] = None    # hf: pin a commit for reproducibility
+    split: str = "train"              # hf: the split read for training
+    val_split: Optional[str] = None   # the dataset's own validation split; null: hold out val_fraction
+    text_column: str = "text"         # jsonl/parquet/hf column holding the text (.txt files always use "text")
+    streaming: bool = False           # read lazily instead of materialising an Arrow copy first
+    cache_dir: Optional[str] = None   # datasets cache (HF_DATASETS_CACHE if null)
+    files: Union[str, list, None] = None      # local: glob or list of globs of .txt / .jsonl / .json / .parquet
+    val_files: Union[str, list, None] = None  # local: own validation files; null: hold out val_fraction
+    txt_sample_by: str = "document"   # .txt: one document per file | paragraph (blank-line separated) | line
     val_fraction: float = 0.0005      # held-out fraction of DOCUMENTS (when there is no val split)
     val_min_tokens: int = 8192        # held-out val is topped up to this many tokens from the corpus's end
-    split_seed: int = 1337
+    split_seed: int = 1337            # seed of the document split
     shard_size: int = 100_000_000     # tokens per shard (llm.c uses 100M)
-    max_docs: int | None = None       # cap on documents read (quick runs); null = all
-    num_workers: int | None = None    # tokenizer processes; null = all cores
+    max_docs: Optional[int] = None    # cap on documents read (quick runs); null = all
+    num_workers: Optional[int] = None  # tokenizer processes; null = all cores
     batch_docs: int = 256             # documents per worker task
 
     # keys that change the prepared tokens: recorded in meta.json, compared on reuse
@@ -49,27 +48,16 @@ class DataConfig:
 
     @classmethod
     def from_any(cls, cfg: Any) -> "DataConfig":
+        """From the composed `data` group (or a dict); absent keys take the defaults above."""
         if isinstance(cfg, DataConfig):
             return cfg
-        try:
-            from omegaconf import DictConfig, OmegaConf
-            if isinstance(cfg, DictConfig):
-                cfg = OmegaConf.to_container(cfg, resolve=True)
-        except ImportError:
-            pass
-        if not isinstance(cfg, dict):
-            raise DataError(f"data config must be a mapping, got {type(cfg).__name__}")
-        valid = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - valid)
-        if unknown:
-            raise DataError(f"data.{unknown[0]} is not a data config key; valid: {', '.join(sorted(valid))}")
-        if "name" not in cfg:
-            raise DataError("data.name is required")
-        self = cls(**cfg)
-        self._validate()
+        self = build(cls, cfg, "data", error=DataError)
+        self.validate()
         return self
 
-    def _validate(self) -> None:
+    def validate(self) -> None:
+        if self.root is None:
+            self.root = os.environ.get("NANONORM_DATA", "data_cache")
         def bad(key, why):
             raise DataError(f"data.{key}={getattr(self, key)!r}: {why}")
 

@@ -496,7 +496,8 @@ def compose_data_config(overrides: list[str]):
 
     cfg_dir = Path(__file__).resolve().parent.parent / "configs"
     group = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") == "data"]
-    rest = [o for o in overrides if o not in group]
+    # every data.* key has its default in DataConfig: `data.key=value` sets it whether or not the YAML names it
+    rest = [f"++{o}" if o.startswith("data.") else o for o in overrides if o not in group]
     choice = group[-1].split("=", 1)[1] if group else "pydocs"
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):

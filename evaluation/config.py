@@ -1,5 +1,6 @@
-"""EvalConfig: eval.py's options, typed and validated once. Defaults live in configs/eval/default.yaml;
-every key is also a command-line flag (--token-budget 1000 --tasks piqa,arc_easy --split null)."""
+"""EvalConfig: eval.py's options, typed and validated once. Each default and its doc are written here
+once; every key is also a command-line flag (--token-budget 1000 --tasks piqa,arc_easy --split null), and
+`--config FILE` reads a YAML of keys to change first."""
 from __future__ import annotations
 
 import argparse
@@ -11,9 +12,12 @@ from typing import Any, Optional
 import yaml
 
 from common import ConfigError
+from common.config import build, field_docs
 from trainer.distributed import PRECISION_CHOICES, precision_name
 
-DEFAULT_YAML = Path(__file__).resolve().parent.parent / "configs" / "eval" / "default.yaml"
+# lm-eval's zero-shot tasks reported by default (README "Evaluation").
+DEFAULT_TASKS = ("lambada_openai", "wikitext", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande",
+                 "boolq", "openbookqa", "sciq", "social_iqa")
 
 
 class EvalConfigError(ConfigError):
@@ -22,23 +26,23 @@ class EvalConfigError(ConfigError):
 
 @dataclass
 class EvalConfig:
-    split: Optional[str] = "val"
-    data_dir: Optional[str] = None
-    token_budget: Optional[int] = None
-    stride: Optional[int] = None
-    batch_size: int = 8
-    tasks: list = field(default_factory=list)
-    include_path: Optional[str] = None
-    limit: Optional[float] = None
-    num_fewshot: Optional[int] = None
-    bootstrap_iters: int = 1000
-    max_gen_toks: int = 256
-    seed: int = 1234
-    device: str = "auto"
-    dtype: str = "auto"
-    threads: Optional[int] = None
-    out: Optional[str] = None
-    wandb: bool = True
+    split: Optional[str] = "val"          # prepared split for loss/perplexity; null: skip perplexity
+    data_dir: Optional[str] = None        # null: the checkpoint's data dir (prepared again from the run's data config if missing)
+    token_budget: Optional[int] = None    # tokens scored for perplexity; null: the whole split
+    stride: Optional[int] = None          # new tokens scored per sliding window; null: block_size (non-overlapping)
+    batch_size: int = 8                   # sequences per forward pass (perplexity and lm-eval)
+    tasks: list = field(default_factory=lambda: list(DEFAULT_TASKS))  # lm-eval task names; empty (--tasks none): no tasks
+    include_path: Optional[str] = None    # directory of extra lm-eval task YAMLs (local JSONL tasks)
+    limit: Optional[float] = None         # lm-eval: at most this many documents per task (int), or a fraction (<1); null: all
+    num_fewshot: Optional[int] = None     # lm-eval: null = each task's default (0 for the default list)
+    bootstrap_iters: int = 1000           # lm-eval stderr bootstrap iterations (0: no stderr)
+    max_gen_toks: int = 256               # generate_until default when a task sets none
+    seed: int = 1234                      # lm-eval seeds and generation sampling
+    device: str = "auto"                  # auto | cpu | cuda | cuda:N (torchrun: one GPU per local rank)
+    dtype: str = "auto"                   # auto (bf16 on CUDA when supported, else fp32) | bf16 | fp16 | fp32, as train.precision
+    threads: Optional[int] = None         # CPU threads for torch; null: OMP_NUM_THREADS if set, else the idle cores
+    out: Optional[str] = None             # JSON path; null: <run dir>/eval/eval_<step>.json
+    wandb: bool = True                    # log to the run's wandb run (its id is in the checkpoint) when there is one
 
     def __post_init__(self) -> None:
         def bad(key, valid):
@@ -76,23 +80,13 @@ class EvalConfig:
             bad("include_path", "must be an existing directory of lm-eval task YAMLs")
 
     @classmethod
-    def from_dict(cls, d: dict, source: str = "eval config") -> "EvalConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise EvalConfigError(f"unknown key(s) {unknown} in {source}: valid keys are {sorted(known)}")
-        return cls(**d)
+    def from_dict(cls, d: dict) -> "EvalConfig":
+        """From a mapping of keys to values; absent keys take the defaults above."""
+        return build(cls, d, "eval", error=EvalConfigError)
 
     @classmethod
-    def from_yaml(cls, path=DEFAULT_YAML) -> "EvalConfig":
-        path = Path(path)
-        try:
-            d = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise EvalConfigError(f"cannot read eval config {path}: {e}") from None
-        if not isinstance(d, dict):
-            raise EvalConfigError(f"eval config {path} must be a mapping of keys to values")
-        return cls.from_dict(d, str(path))
+    def from_yaml(cls, path) -> "EvalConfig":
+        return cls.from_dict(_read_yaml(path))
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -106,15 +100,30 @@ def _parse_value(key: str, text: str) -> Any:
     return str(v) if key in ("split", "data_dir", "include_path", "out", "device") and v is not None else v
 
 
+def _read_yaml(path) -> dict:
+    path = Path(path)
+    try:
+        d = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        raise EvalConfigError(f"cannot read eval config {path}: {e}") from None
+    if not isinstance(d, dict):
+        raise EvalConfigError(f"eval config {path} must be a mapping of keys to values")
+    return d
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", default=str(DEFAULT_YAML), help="YAML of eval defaults (default: %(default)s)")
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="YAML of eval keys to change (default: none; EvalConfig's defaults)")
+    docs, default = field_docs(EvalConfig), EvalConfig()
     for f in fields(EvalConfig):
+        shown = ",".join(default.tasks) if f.name == "tasks" else yaml.safe_dump(getattr(default, f.name)).split("\n")[0]
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="VALUE",
-                            help=f"overrides `{f.name}` (YAML value; 'null' unsets)")
+                            help=f"{docs.get(f.name, f.name)} (default: {shown}; a YAML value, 'null' unsets)"
+                            .replace("%", "%%"))
 
 
 def from_args(args: argparse.Namespace) -> EvalConfig:
-    base = EvalConfig.from_yaml(args.config).to_dict()
+    base = _read_yaml(args.config) if args.config else {}
     for f in fields(EvalConfig):
         text = getattr(args, f.name)
         if text is not None:

@@ -1,9 +1,11 @@
 """GPTConfig: the one typed description of a model, validated once at construction.
 
-Field names follow docs/variants.md ("Configuration keys"): every Hydra `norm.*` key maps
-onto one flat field here, and `model.*` keys onto the shape fields. Per-variant defaults (decay,
-input step, output step) are left as None here and filled in from the variant's class, so that a
-config only states what it changes.
+Every default of the `model` and `norm` Hydra groups is written here once, with its one-line doc; the
+groups' schemas are derived from these fields (trainer/config_store.py), so configs/model/*.yaml and
+configs/norm/*.yaml state only what differs. Every `norm.*` key maps onto one flat field (NORM_KEYS,
+docs/variants.md "Configuration keys"), and `model.*` keys onto the shape fields plus ModelGroup.
+Per-variant defaults (decay, input step, output step, p) are None here and filled in from the
+variant's class in model/variants.py.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Mapping, Optional
 
 from common import ConfigError
+from common.config import bad, build, defaults, parse, to_plain
 
 from .decay import DECAYS
 from .norms import INPUT_STEPS, NORM_KINDS
@@ -20,75 +23,50 @@ from .variants import get_variant
 KEEL_FIRST = ("v1", "v2")
 POS_EMBS = ("learned", "rope")
 MLPS = ("gelu", "swiglu", "relu2")
-# Model keys that are not GPTConfig fields: labels, and the vocabulary padding used by from_hydra.
-MODEL_EXTRA_KEYS = ("name", "arch", "pad_vocab_to")
 DEEPNORM_INITS = ("scaled", "xavier")
 DECAY_INDICES = ("block", "sublayer")
 
 
-# Hydra `norm.*` key -> GPTConfig field.
-NORM_KEYS = {"name": "norm", "kind": "norm_kind", "eps": "norm_eps", "decay": "decay", "p": "p",
-             "clamp": "geonorm_clamp", "embed_norm": "embed_norm", "final_norm": "final_norm",
-             "first_layer": "keel_first_layer", "alpha_attn": "dyt_alpha_attn",
-             "alpha_other": "dyt_alpha_other", "deepnorm_init": "deepnorm_init",
-             "learn_radius": "learn_radius", "decay_index": "decay_index", "alpha_init": "alpha_init",
-             "a_init": "a_init"}
-
-
-def norm_group_defaults(name: str) -> dict:
-    """A complete `norm` config group for variant `name` (every key at its default; the variant's own
-    defaults stay null and are filled from its class): what `norm=<name>` composes when the variant
-    has no configs/norm/<name>.yaml."""
-    get_variant(name)
-    d = {f.name: f.default for f in fields(GPTConfig)}
-    return {key: (name if key == "name" else d[field_name]) for key, field_name in NORM_KEYS.items()}
-
-
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50304
-    block_size: int = 1024
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
-    bias: bool = True
-    tie_embeddings: bool = True          # GPT-2: the LM head shares the token embedding matrix
+    vocab_size: int = 50304              # token ids (Hydra: model.vocab_size, see ModelGroup)
+    block_size: int = 1024               # context length in tokens
+    n_layer: int = 12                    # transformer blocks
+    n_head: int = 12                     # attention heads (n_embd must divide by it)
+    n_embd: int = 768                    # residual stream width d
+    dropout: float = 0.0                 # dropout probability (attention, residual, embeddings)
+    bias: bool = True                    # biases in linear layers and norms
+    tie_embeddings: bool = True          # LM head shares the token embedding (GPT-2); false = separate head
     # --- architecture axes (Hydra group `arch` sets them together; docs/variants.md, "Architecture presets") ---
     pos_emb: str = "learned"             # learned absolute positions (GPT-2) | rope
-    rope_base: float = 10000.0
+    rope_base: float = 10000.0           # RoPE frequency base
     rope_fraction: float = 1.0           # fraction of each head's dimensions that RoPE rotates
     mlp: str = "gelu"                    # gelu (GPT-2) | swiglu (LLaMA) | relu2 (modded-nanogpt)
-    mlp_hidden: Optional[int] = None     # None: 4d (gelu, relu2); 8d/3 rounded up to a multiple of 64 (swiglu)
+    mlp_hidden: Optional[int] = None     # null: 4d (gelu, relu2); 8d/3 rounded up to a multiple of 64 (swiglu)
     qk_norm: bool = False                # RMSNorm (no gain) of q and k per head before attention
-    # --- normalization (Hydra group `norm`) ---
-    norm: str = "pre_ln"
-    norm_kind: str = "layernorm"
-    norm_eps: float = 1e-5
-    decay: Optional[str] = None          # None: the variant's default
-    p: Optional[float] = None            # None: the variant's default (1; fixed for proj/cay)
-    geonorm_clamp: float = math.pi / 4
-    embed_norm: Optional[str] = None     # None: the variant's default
-    final_norm: Optional[bool] = None    # None: the variant's default
-    keel_first_layer: str = "v2"
-    dyt_alpha_attn: float = 0.5
-    dyt_alpha_other: float = 0.5
-    deepnorm_init: str = "scaled"
+    # --- normalization (Hydra group `norm`; keys in NORM_KEYS) ---
+    norm: str = "pre_ln"                 # the variant: a name registered in model/variants.py
+    norm_kind: str = "layernorm"         # layernorm | rmsnorm (every Norm of the variant)
+    norm_eps: float = 1e-5               # epsilon of every Norm
+    decay: Optional[str] = None          # step decay: none | harmonic | sqrt | linear; null: the variant's default
+    p: Optional[float] = None            # SpheretNorm's p (> 0, .inf = exp map); null: the variant's (1; fixed for proj/cay)
+    geonorm_clamp: float = math.pi / 4   # GeoNorm angle clamp c (pi/4)
+    embed_norm: Optional[str] = None     # input step: none | layer | scalenorm | unit; null: the variant's default
+    final_norm: Optional[bool] = None    # output Norm before the LM head; null: the variant's default
+    keel_first_layer: str = "v2"         # Keel's first sublayers: v2 | v1
+    dyt_alpha_attn: float = 0.5          # DyT alpha at init, attention sublayers
+    dyt_alpha_other: float = 0.5         # DyT alpha at init, other Norms
+    deepnorm_init: str = "scaled"        # DeepNorm init: scaled (beta gain) | xavier
     # --- open choices of the sphere family (docs/variants.md, "Switches for open choices") ---
-    learn_radius: bool = True            # ScaleNorm's g learnable (else fixed at 1)
-    decay_index: str = "block"           # lambda indexed by block k of N, or by sublayer j+1 of 2N
+    learn_radius: bool = True            # sphere family: ScaleNorm's g learnable (false: fixed at 1)
+    decay_index: str = "block"           # lambda indexed by block k of N | sublayer j+1 of 2N
     alpha_init: float = 1.0              # SpheretNorm: softplus(rho) at init
     a_init: float = 1.0                  # GeoNorm: a at init
 
     def __post_init__(self) -> None:
         variant = get_variant(self.norm)  # raises ConfigError listing the valid names
-        if self.p is not None:
-            if isinstance(self.p, str) and self.p.strip().lower() in (".inf", "+.inf"):
-                self.p = math.inf  # YAML's spelling, also accepted on the command line
-            try:
-                self.p = float(self.p)
-            except (TypeError, ValueError):
-                raise ConfigError(f"bad config norm.p={self.p!r}: must be a number > 0 (.inf in YAML)") from None
+        if self.p is not None and (not isinstance(self.p, (int, float)) or isinstance(self.p, bool)):
+            raise ConfigError(f"bad config norm.p={self.p!r}: must be a number > 0 (.inf in YAML)")
         if variant.fixed_p is not None and self.p is not None and self.p != variant.fixed_p:
             raise ConfigError(f"bad config norm.p={self.p}: norm.name={self.norm} means p={variant.fixed_p:g}; "
                               "use norm=spheret to choose p")
@@ -102,17 +80,14 @@ class GPTConfig:
         self.validate()
 
     def validate(self) -> None:
-        def bad(key: str, value: Any, valid: str) -> None:
-            raise ConfigError(f"bad config {key}={value!r}: {valid}")
-
         for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                bad(key, v, "must be a positive integer")
+                bad(f"model.{key}", v, "must be a positive integer")
         if self.n_embd % self.n_head:
-            bad("n_embd", self.n_embd, f"must be divisible by n_head={self.n_head}")
+            bad("model.n_embd", self.n_embd, f"must be divisible by model.n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", self.dropout, "must be in [0, 1)")
+            bad("model.dropout", self.dropout, "must be in [0, 1)")
         NORM_KINDS[self.norm_kind], DECAYS[self.decay], INPUT_STEPS[self.embed_norm]  # unknown names: one line
         if not isinstance(self.final_norm, bool):
             bad("norm.final_norm", self.final_norm, "must be true or false")
@@ -174,40 +149,58 @@ class GPTConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "GPTConfig":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ConfigError(f"unknown GPTConfig field(s) {unknown}: valid fields are {sorted(known)}")
-        return cls(**dict(d))
+        """From `to_dict()` (a checkpoint's model_config)."""
+        return build(cls, d, "model_config")
 
     @classmethod
-    def from_hydra(cls, model_cfg: Mapping[str, Any], norm_cfg: Mapping[str, Any],
-                   vocab_size: Optional[int] = None) -> "GPTConfig":
-        """Build from the `model` and `norm` Hydra groups (OmegaConf nodes or plain dicts).
+    def from_hydra(cls, model_cfg: Any, norm_cfg: Any, vocab_size: Optional[int] = None) -> "GPTConfig":
+        """Build from the composed `model` and `norm` groups (OmegaConf nodes or plain dicts); absent keys
+        take the defaults above. `vocab_size` is the tokenizer's (used when model.vocab_size is null)."""
+        m = to_plain(model_cfg)
+        group = build(ModelGroup, {k: m.pop(k) for k in MODEL_GROUP_KEYS if k in m}, "model")
+        kw = {**parse(cls, m, "model", keys=MODEL_KEYS, also_valid=MODEL_GROUP_KEYS),
+              **parse(cls, norm_cfg, "norm", keys=NORM_KEYS)}
+        return cls(vocab_size=group.vocab(vocab_size), **kw)
 
-        `vocab_size` is the tokenizer's; used when `model.vocab_size` is null, padded up to a
-        multiple of `model.pad_vocab_to` (GPT-2's 50257 -> 50304, as nanoGPT does, for fast matmuls).
-        """
-        m, n = dict(model_cfg), dict(norm_cfg)
-        arch_keys = ("pos_emb", "rope_base", "rope_fraction", "mlp", "mlp_hidden", "qk_norm")
-        model_keys = {"vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_embeddings",
-                      *arch_keys, *MODEL_EXTRA_KEYS}
-        unknown = sorted(set(m) - model_keys)
-        if unknown:  # e.g. `+model.foo=1` on the command line
-            raise ConfigError(f"unknown model key(s) {unknown}: valid keys are {sorted(model_keys)}")
-        vs = m.get("vocab_size")
-        if vs is None:
-            if vocab_size is None:
+
+@dataclass
+class ModelGroup:
+    """The `model.*` keys that are not GPTConfig fields as they are: labels and the vocabulary rule."""
+    name: str = "custom"                 # label of the model shape, used in run names (configs/model/<name>.yaml)
+    arch: str = "gpt2"                   # label of the architecture preset (configs/arch/<name>.yaml sets it)
+    vocab_size: Optional[int] = None     # null: the tokenizer's vocabulary, padded up to a multiple of pad_vocab_to
+    pad_vocab_to: int = 64               # GPT-2's 50257 -> 50304, as nanoGPT does, for fast matmuls
+
+    def vocab(self, tokenizer_vocab: Optional[int]) -> int:
+        if self.vocab_size is None:
+            if tokenizer_vocab is None:
                 raise ConfigError("model.vocab_size is null and no tokenizer vocabulary size was given")
-            pad = int(m.get("pad_vocab_to") or 1)
-            vs = -(-int(vocab_size) // pad) * pad
-        elif vocab_size is not None and vs < vocab_size:
-            raise ConfigError(f"bad config model.vocab_size={vs}: smaller than the tokenizer's {vocab_size}")
-        norm_keys = NORM_KEYS
-        unknown = sorted(set(n) - set(norm_keys))
-        if unknown:
-            raise ConfigError(f"unknown norm key(s) {unknown}: valid keys are {sorted(norm_keys)}")
-        kw = {norm_keys[k]: v for k, v in n.items()}
-        return cls(vocab_size=int(vs), block_size=m["block_size"], n_layer=m["n_layer"], n_head=m["n_head"],
-                   n_embd=m["n_embd"], dropout=float(m.get("dropout", 0.0)), bias=bool(m.get("bias", True)),
-                   tie_embeddings=m.get("tie_embeddings", True), **{k: m[k] for k in arch_keys if k in m}, **kw)
+            if self.pad_vocab_to < 1:
+                bad("model.pad_vocab_to", self.pad_vocab_to, "must be a positive integer")
+            return -(-int(tokenizer_vocab) // self.pad_vocab_to) * self.pad_vocab_to
+        if tokenizer_vocab is not None and self.vocab_size < tokenizer_vocab:
+            bad("model.vocab_size", self.vocab_size, f"smaller than the tokenizer's {tokenizer_vocab}")
+        return self.vocab_size
+
+
+# Hydra `norm.*` key -> GPTConfig field (docs/variants.md, "Configuration keys").
+NORM_KEYS = {"name": "norm", "kind": "norm_kind", "eps": "norm_eps", "decay": "decay", "p": "p",
+             "clamp": "geonorm_clamp", "embed_norm": "embed_norm", "final_norm": "final_norm",
+             "first_layer": "keel_first_layer", "alpha_attn": "dyt_alpha_attn",
+             "alpha_other": "dyt_alpha_other", "deepnorm_init": "deepnorm_init",
+             "learn_radius": "learn_radius", "decay_index": "decay_index", "alpha_init": "alpha_init",
+             "a_init": "a_init"}
+MODEL_GROUP_KEYS = tuple(f.name for f in fields(ModelGroup))
+# Hydra `model.*` keys that are GPTConfig fields: the shape and architecture axes.
+MODEL_KEYS = {f.name: f.name for f in fields(GPTConfig) if f.name not in {*NORM_KEYS.values(), *MODEL_GROUP_KEYS}}
+
+
+def model_group_defaults() -> dict:
+    """The `model` group's keys and defaults (its Hydra schema)."""
+    return {**defaults(GPTConfig, MODEL_KEYS), **defaults(ModelGroup)}
+
+
+def norm_group_defaults() -> dict:
+    """The `norm` group's keys and defaults (its Hydra schema); a variant's own defaults stay null here
+    and are filled from its class."""
+    return defaults(GPTConfig, NORM_KEYS)

@@ -138,6 +138,9 @@ def check_train_loop(ctx, args):
     from trainer import checkpoint as ck
     from trainer.loop import train
 
+    from trainer.config_store import register_code_configs
+
+    register_code_configs()
     t0 = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         run = Path(tmp) / "run"
@@ -227,12 +230,15 @@ def check_throughput(ctx, args):
 
 
 def check_memory(ctx, args):
-    micro = yaml.safe_load((ROOT / "configs/train/default.yaml").read_text())["micro_batch_size"]
+    from model.config import model_group_defaults
+    from trainer.config import TrainConfig
+
+    micro = TrainConfig().micro_batch_size
     presets = sorted((ROOT / "configs/model").glob("*.yaml"))
     if not ctx.cuda:
         presets = [p for p in presets if p.stem == "tiny"]
     for path in presets:
-        m = yaml.safe_load(path.read_text())
+        m = {**model_group_defaults(), **yaml.safe_load(path.read_text())}  # a preset states what differs
         vocab = 320 if path.stem == "tiny" else 50304  # tiny's default data is byte-tokenized
         for norm in ("pre_ln", "geonorm"):
             t0 = time.time()

@@ -217,7 +217,7 @@ def test_errors_are_one_line(tmp_path, monkeypatch):
     err(cfg(tmp_path, name="w", files=[str(wrong)]), r"data.text_column='text' not in .*valid columns: content, id")
     (tmp_path / "a.csv").write_text("x")
     err(cfg(tmp_path, name="c", files=[str(tmp_path / "a.csv")]), r"data.files: unsupported file type '.csv'")
-    err(cfg(tmp_path, bogus=1), r"data.bogus is not a data config key; valid: ")
+    err(cfg(tmp_path, bogus=1), r"^unknown key\(s\) data.bogus: valid keys are name, tokenizer, root, ")
     err(cfg(tmp_path, source="web"), r"unknown data.source='web': valid are pydocs, hf, local, shards")
     err(cfg(tmp_path, files=None), r"data.files=None: source=local needs data.files")
     err(cfg(tmp_path, tokenizer="gpt5", files=[str(wrong)]), r"unknown data.tokenizer='gpt5'")
@@ -250,7 +250,8 @@ def test_shard_reader_rejects_bad_files(tmp_path):
 def test_pydocs_default_corpus(tmp_path, pydocs):
     """The offline default: deterministic, big enough, built without importing stdlib modules."""
     c = pydocs.config  # the session prepared it once with the default data config
-    assert c["name"] == "pydocs" and c["tokenizer"] == "bytes" and c["source"] == "pydocs"
+    d = DataConfig.from_any(c)  # the YAML names the corpus; the byte tokenizer and source are DataConfig's defaults
+    assert d.name == "pydocs" and d.tokenizer == "bytes" and d.source == "pydocs"
     out = pydocs.out_dir
     assert out == pydocs.root / "pydocs-bytes"
     assert not pydocs.imported & {"antigravity", "this", "turtle", "tkinter", "idlelib", "asyncio.__main__"}

@@ -296,7 +296,9 @@ def test_every_experiment_config_composes() -> None:
     from data.config import DataConfig, DataError
     from model.config import GPTConfig
     from trainer.config import parse_run_config
+    from trainer.config_store import register_code_configs
 
+    register_code_configs()
     paper = yaml.safe_load((SCRIPTS / "paper_results.yaml").read_text())["settings"]
     # every paper setting we hold numbers for has the experiment that reproduces it
     assert set(paper) <= set(EXPERIMENTS)

@@ -341,7 +341,7 @@ def test_kv_cache_incremental_equals_full_forward():
     (dict(norm="spheret", p=-1.0), "norm.p"),
     (dict(norm="spheret", p="abc"), "norm.p"),
     (dict(norm="cay_spheret", p=3.0), "norm.p"),
-    (dict(n_embd=30, n_head=4), "n_embd=30.*divisible by n_head=4"),
+    (dict(n_embd=30, n_head=4), "model.n_embd=30.*divisible by model.n_head=4"),
     (dict(decay="cubic"), "norm.decay='cubic'.*harmonic"),
     (dict(norm_kind="batchnorm"), "norm.kind='batchnorm'.*layernorm, rmsnorm"),
     (dict(keel_first_layer="v3"), "norm.first_layer"),
@@ -361,12 +361,15 @@ def test_config_round_trip_and_from_hydra_pads_vocab():
     model_cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=None, pad_vocab_to=64)
     c = GPTConfig.from_hydra(model_cfg, dict(name="geonorm", clamp=0.5, decay="sqrt"), vocab_size=50257)
     assert c.vocab_size == 50304 and c.geonorm_clamp == 0.5 and c.decay == "sqrt"
-    with pytest.raises(ConfigError, match="unknown norm key"):
+    with pytest.raises(ConfigError, match=r"^unknown key\(s\) norm.clmap: valid keys are name, kind, "):
         GPTConfig.from_hydra(model_cfg, dict(name="geonorm", clmap=0.5), vocab_size=257)
 
 
 def test_hydra_compose_every_norm_with_every_model():
     from hydra import compose, initialize_config_dir
+
+    from trainer.config_store import register_code_configs
+    register_code_configs()
     models = sorted(p.stem for p in (ROOT / "configs" / "model").glob("*.yaml"))
     norms = sorted(p.stem for p in (ROOT / "configs" / "norm").glob("*.yaml"))
     assert set(norms) == set(VARIANTS)
@@ -374,17 +377,17 @@ def test_hydra_compose_every_norm_with_every_model():
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         for m in models:
             for n in norms:
-                cfg = compose(overrides=[f"+model={m}", f"+norm={n}"])
+                cfg = compose("config", overrides=[f"model={m}", f"norm={n}"])
                 c = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=50257)
                 assert c.norm == n and c.n_layer == cfg.model.n_layer
         for spelling in ("inf", ".inf"):  # Hydra's override grammar reads inf; YAML spells it .inf
-            inf = compose(overrides=["+model=tiny", "+norm=spheret", f"norm.p={spelling}"])
+            inf = compose("config", overrides=["norm=spheret", f"norm.p={spelling}"])
             assert GPTConfig.from_hydra(inf.model, inf.norm, vocab_size=257).p == math.inf
     sizes = {"gpt_125m": 124e6, "gpt_350m": 355e6, "gpt_760m": 774e6, "gpt_1_3b": 1.31e9}
     with torch.device("meta"):  # parameter counts of the presets without allocating them
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
             for m, n in sizes.items():
-                cfg = compose(overrides=[f"+model={m}", "+norm=pre_ln"])
+                cfg = compose("config", overrides=[f"model={m}"])
                 count = GPT(GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=50257)).num_params()
                 assert count == pytest.approx(n, rel=0.03), m
 

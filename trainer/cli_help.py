@@ -1,46 +1,64 @@
-"""`python train.py --help`: the config groups and every option with its one-line doc.
+"""`python train.py --help`: the config groups and every option with its default and one-line doc.
 
-The docs are the inline comments of the YAML files in configs/ (the single place they are written),
-so the help cannot drift from the defaults it shows. Hydra's own help is `--hydra-help`.
+The defaults are those of the composed default config (the dataclasses, then each group's default
+file); the docs are the trailing comments of the dataclass fields (the single place both are written),
+so the help cannot drift from what a run uses. Hydra's own help is `--hydra-help`.
 """
 from __future__ import annotations
 
+import dataclasses
 import re
+import typing
 from pathlib import Path
 
-# `key: value   # doc` (a '#' inside a quoted value is not a comment; our configs have none)
-_LINE = re.compile(r"^(?P<indent>\s*)(?P<key>[A-Za-z_][\w]*):\s*(?P<value>[^#]*?)\s*(?:#\s*(?P<doc>.*))?$")
 
+def _docs(cls, prefix: str, keys: dict | None = None) -> dict:
+    """{dotted key: doc} of a dataclass, nested dataclasses included."""
+    from common.config import field_docs
 
-def _options(path: Path, prefix: str) -> list[tuple[str, str, str]]:
-    """(dotted key, default, doc) for each key of a config file, nested keys included."""
-    out, parents = [], []  # parents: (indent, key) of the enclosing mappings
-    for line in path.read_text().splitlines():
-        m = _LINE.match(line)
-        if not m or line.lstrip().startswith(("#", "-")):
-            continue
-        indent = len(m["indent"])
-        while parents and parents[-1][0] >= indent:
-            parents.pop()
-        key = ".".join([prefix, *(k for _, k in parents), m["key"]])
-        if m["value"] == "" and not m["doc"]:  # a mapping: its keys follow, indented
-            parents.append((indent, m["key"]))
-            continue
-        out.append((key, m["value"], m["doc"] or ""))
+    own, hints = field_docs(cls), typing.get_type_hints(cls)
+    out = {}
+    for key, name in (keys or {f.name: f.name for f in dataclasses.fields(cls)}).items():
+        out[f"{prefix}.{key}"] = own.get(name, "")
+        if dataclasses.is_dataclass(hints[name]):
+            out.update(_docs(hints[name], f"{prefix}.{key}"))
     return out
 
 
-def _first_comment(path: Path) -> str:
-    for line in path.read_text().splitlines():
-        if line.startswith("#") and not line.startswith("# @package"):
-            return line.lstrip("# ").strip()
-    return ""
+def _all_docs() -> dict:
+    from data.config import DataConfig
+    from model.config import MODEL_KEYS, NORM_KEYS, GPTConfig, ModelGroup
+
+    from .config import LoggingConfig, OptimConfig, TrainConfig
+
+    return {**_docs(GPTConfig, "model", MODEL_KEYS), **_docs(ModelGroup, "model"), **_docs(GPTConfig, "norm", NORM_KEYS),
+            **_docs(DataConfig, "data"), **_docs(TrainConfig, "train"), **_docs(OptimConfig, "optim"),
+            **_docs(LoggingConfig, "logging")}
+
+
+def _flat(node, prefix: str) -> list[tuple[str, object]]:
+    out = []
+    for k, v in node.items():
+        out += _flat(v, f"{prefix}.{k}") if isinstance(v, dict) else [(f"{prefix}.{k}", v)]
+    return out
+
+
+def _show(v) -> str:
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
 
 
 def config_help(config_dir: Path) -> str:
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from .config_store import register_code_configs
+
     config_dir = Path(config_dir)
     top = (config_dir / "config.yaml").read_text()
     defaults = dict(re.findall(r"^\s*-\s*(\w+):\s*(\w+)", top, flags=re.M))
+    register_code_configs(config_dir)
+    with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+        cfg = OmegaConf.to_container(compose("config"), resolve=False)
     lines = ["usage: python train.py [group=option ...] [key=value ...]",
              "       torchrun --nproc_per_node=N train.py ...    (DDP; see README)",
              "",
@@ -55,13 +73,13 @@ def config_help(config_dir: Path) -> str:
         default = defaults[group]
         shown = ", ".join(f"[{c}]" if c == default else c for c in choices)
         lines.append(f"  {group + '=':<12} {shown}")
-    lines += ["", "Options (key=default  doc), from the default file of each group:"]
+    docs = _all_docs()
+    lines += ["", "Options (key=default  doc), as the default groups compose them:"]
     for group in ("train", "optim", "logging", "model", "norm", "data"):
-        path = config_dir / group / f"{defaults[group]}.yaml"
-        lines += ["", f"{group}.*  ({path.relative_to(config_dir.parent)}: {_first_comment(path)})"]
-        for key, value, doc in _options(path, group):
-            left = f"  {key}={value}"
-            lines.append(f"{left:<40} {doc}".rstrip())
+        lines += ["", f"{group}.*  (defaults: {group}={defaults.get(group, '')})"]
+        for key, value in _flat(cfg[group], group):
+            left = f"  {key}={_show(value)}"
+            lines.append(f"{left:<40} {docs.get(key, '')}".rstrip())
     lines += ["", "Top level (where the run goes):"]
     for key in ("run_name", "out_dir"):
         m = re.search(rf"^{key}:\s*(.*)$", top, flags=re.M)

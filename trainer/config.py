@@ -1,19 +1,21 @@
 """Typed train/optim/logging config groups, validated once at start-up.
 
-Each group becomes a frozen dataclass; a bad value raises ConfigError with one line naming the key
-and what is valid (the same error type the model config uses, so train.py reports both alike).
+Each group is a frozen dataclass holding its defaults and their one-line docs (the only place they are
+written; configs/train, configs/optim and configs/logging hold what differs). common.config.build makes
+the objects; a bad value raises ConfigError with one line naming the key and what is valid (the same
+error type the model config uses, so train.py reports both alike).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-import typing
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Optional, Union
+from typing import Any, Optional, Union
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from common import ConfigError
+from common.config import bad as _bad, build
 
 from .schedules import SCHEDULES
 
@@ -23,28 +25,28 @@ __all__ = ["ConfigError", "TrainConfig", "OptimConfig", "LoggingConfig", "WandbC
 
 @dataclass(frozen=True)
 class TrainConfig:
-    seed: int = 1337
-    max_steps: int = 600
-    batch_tokens: int = 8192
-    micro_batch_size: int = 16
-    device: str = "auto"
-    precision: str = "auto"
-    compile: Union[str, bool] = "auto"
-    deterministic: bool = False
-    threads: Optional[int] = None
-    eval_interval: int = 100
-    eval_tokens: int = 65536
-    eval_batch_size: Optional[int] = None
-    ckpt_interval: int = 200
-    keep_last: int = 3
-    resume: str = "none"
-    resume_force: bool = False
-    overwrite: bool = False
-    stop_at: Optional[int] = None
-    max_skipped: int = 20
-    overfit_batch: bool = False
-    inject_nan_at: Optional[int] = None
-    inject_nan_steps: int = 1
+    seed: int = 1337                      # set once; rank r uses a seed derived from (seed, r)
+    max_steps: int = 600                  # optimizer steps in the whole run (the LR schedule spans them)
+    batch_tokens: int = 8192              # global batch in tokens (grad accumulation makes up the rest)
+    micro_batch_size: int = 16            # sequences per rank per forward/backward
+    device: str = "auto"                  # auto (cuda if available) | cpu | cuda
+    precision: str = "auto"               # auto (bf16 on CUDA when supported, else fp32) | bf16 | fp16 (GradScaler) | fp32
+    compile: Union[str, bool] = "auto"    # torch.compile: auto (on for CUDA) | true | false
+    deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise resume on CPU)
+    threads: Optional[int] = None         # CPU threads for torch (null: all cores); several CPU jobs at once: 1 each
+    eval_interval: int = 100              # steps between validation passes (also at step 0 and at the end)
+    eval_tokens: int = 65536              # fixed validation token budget, split over ranks
+    eval_batch_size: Optional[int] = None  # null = micro_batch_size
+    ckpt_interval: int = 200              # steps between checkpoints (also at the end and on SIGTERM/SIGUSR1)
+    keep_last: int = 3                    # checkpoints kept
+    resume: str = "none"                  # none | auto (newest checkpoint in the run dir) | path to a ckpt_*.pt
+    resume_force: bool = False            # resume though train.seed, batch_tokens or data.* changed
+    overwrite: bool = False               # start fresh in a run dir holding a run (deletes its checkpoints/metrics)
+    stop_at: Optional[int] = None         # stop (with a checkpoint) after this step, as if pre-empted
+    max_skipped: int = 20                 # stop after this many consecutive non-finite (skipped) steps
+    overfit_batch: bool = False           # train on one fixed batch (debugging, and the per-variant test)
+    inject_nan_at: Optional[int] = None   # debugging: the loss is NaN from this step on (the non-finite guard; trainer/faults.py)
+    inject_nan_steps: int = 1             # ... for this many consecutive steps
 
     def validate(self) -> None:
         _choice("train.device", self.device, ("auto", "cpu", "cuda"))
@@ -68,8 +70,8 @@ class TrainConfig:
 @dataclass(frozen=True)
 class GroupConfig:
     """One optimizer parameter group: lr = the schedule's lr x lr_mult; weight_decay null = optim.weight_decay."""
-    lr_mult: float = 1.0
-    weight_decay: Optional[float] = None
+    lr_mult: float = 1.0                  # lr = the schedule's lr x lr_mult
+    weight_decay: Optional[float] = None  # null = optim.weight_decay
 
     def validate(self, key: str) -> None:
         if not (0 < self.lr_mult < math.inf):
@@ -82,10 +84,10 @@ class GroupConfig:
 class GroupsConfig:
     """The model's parameter groups (GPT.parameter_groups). Defaults = plain AdamW with decay on
     matrices and embeddings only (nanoGPT's p.dim() >= 2 rule)."""
-    matrices: GroupConfig = field(default_factory=GroupConfig)
-    embeddings: GroupConfig = field(default_factory=GroupConfig)
-    vectors: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))
-    scalars: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))
+    matrices: GroupConfig = field(default_factory=GroupConfig)    # attention/MLP weights (Muon's group under optim=muon)
+    embeddings: GroupConfig = field(default_factory=GroupConfig)  # token/position embeddings, untied head
+    vectors: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))  # norm gains/biases, biases
+    scalars: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))  # learned step sizes (a, b, rho, g)
 
     @staticmethod
     def names() -> tuple:
@@ -99,10 +101,10 @@ class GroupsConfig:
 @dataclass(frozen=True)
 class MuonConfig:
     """optim=muon: torch.optim.Muon's settings for the matrices group (lr x the schedule's shape)."""
-    lr: float = 0.05
-    momentum: float = 0.95
-    nesterov: bool = True
-    ns_steps: int = 5
+    lr: float = 0.05                      # Muon lr; optim.groups.matrices.lr_mult multiplies it
+    momentum: float = 0.95                # Muon momentum
+    nesterov: bool = True                 # Nesterov momentum
+    ns_steps: int = 5                     # Newton-Schulz iterations
 
     def validate(self) -> None:
         if not (0 < self.lr < math.inf):
@@ -114,19 +116,19 @@ class MuonConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = "adamw"
-    lr: float = 1e-3
-    min_lr: float = 1e-4
-    betas: tuple = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    schedule: str = "cosine"
-    warmup_steps: int = 50
-    decay_frac: float = 0.2
-    fused: Union[str, bool] = "auto"
-    groups: GroupsConfig = field(default_factory=GroupsConfig)
-    muon: MuonConfig = field(default_factory=MuonConfig)
+    name: str = "adamw"                   # adamw | muon (Muon for the matrices group, AdamW for the rest)
+    lr: float = 1e-3                      # peak learning rate of the schedule
+    min_lr: float = 1e-4                  # floor: cosine decays to it, wsd's final decay ends at it
+    betas: tuple = (0.9, 0.95)            # AdamW betas
+    eps: float = 1e-8                     # AdamW epsilon
+    weight_decay: float = 0.1             # decoupled weight decay (groups with weight_decay null)
+    grad_clip: float = 1.0                # max global grad norm; 0 = no clipping (the norm is still logged)
+    schedule: str = "cosine"              # cosine | wsd | constant
+    warmup_steps: int = 50                # linear warmup (all schedules)
+    decay_frac: float = 0.2               # wsd: the last fraction of train.max_steps decays linearly to min_lr
+    fused: Union[str, bool] = "auto"      # auto (fused where supported) | true | false (for-loop AdamW, slower)
+    groups: GroupsConfig = field(default_factory=GroupsConfig)  # per parameter group: lr = schedule x lr_mult
+    muon: MuonConfig = field(default_factory=MuonConfig)        # optim=muon: the matrices group's optimizer
 
     def validate(self) -> None:
         _choice("optim.name", self.name, ("adamw", "muon"))
@@ -154,12 +156,12 @@ class OptimConfig:
 
 @dataclass(frozen=True)
 class WandbConfig:
-    mode: str = "offline"
-    project: str = "nanonorm"
-    entity: Optional[str] = None
-    group: Optional[str] = None
-    name: Optional[str] = None
-    tags: tuple = ()
+    mode: str = "offline"                 # online | offline | disabled (configs/logging: $WANDB_MODE)
+    project: str = "nanonorm"             # wandb project
+    entity: Optional[str] = None          # wandb entity (null: your default)
+    group: Optional[str] = None           # wandb group
+    name: Optional[str] = None            # null = run_name
+    tags: tuple = ()                      # wandb tags
 
     def validate(self) -> None:
         _choice("logging.wandb.mode", self.mode, ("online", "offline", "disabled"))
@@ -167,13 +169,13 @@ class WandbConfig:
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    log_interval: int = 10
-    stats_interval: int = 100
-    spike_window: int = 50
-    spike_k: float = 6.0
-    spike_min_history: int = 20
-    console: bool = True
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+    log_interval: int = 10                # steps between train records (the only per-step host sync)
+    stats_interval: int = 100             # steps between stats records (residual RMS, grad norms, sphere stats)
+    spike_window: int = 50                # spike detector: window of previous per-step values
+    spike_k: float = 6.0                  # a spike = value > mean + k * std of the window
+    spike_min_history: int = 20           # no detection until the window holds this many values
+    console: bool = True                  # print progress on rank 0
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # wandb sink (metrics.jsonl is always written)
 
     def validate(self) -> None:
         for k in ("log_interval", "stats_interval", "spike_window"):
@@ -198,11 +200,15 @@ def parse_run_config(cfg: DictConfig) -> RunConfig:
     for g in ("train", "optim", "logging"):
         if g not in cfg or cfg[g] is None:
             raise ConfigError(f"missing config group '{g}' (configs/{g}/)")
-    rc = RunConfig(train=_build(TrainConfig, cfg.train, "train"), optim=_build(OptimConfig, cfg.optim, "optim"),
-                   logging=_build(LoggingConfig, cfg.logging, "logging"))
+    rc = RunConfig(train=build(TrainConfig, cfg.train, "train"), optim=build(OptimConfig, cfg.optim, "optim"),
+                   logging=build(LoggingConfig, cfg.logging, "logging"))
     rc.train.validate()
     rc.optim.validate()
     rc.logging.validate()
+    if "model" in cfg and "norm" in cfg:  # the model's keys too, before data preparation (which may take long)
+        from model.config import GPTConfig
+
+        GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=1)  # the tokenizer's size is known later
     if rc.optim.name == "muon" and rc.train.precision == "fp16":
         _bad("train.precision", "fp16", "optim=muon runs in bf16 or fp32 (its split Q/K/V updates bypass fp16's "
                                         "gradient scaler); use train.precision=bf16")
@@ -210,10 +216,6 @@ def parse_run_config(cfg: DictConfig) -> RunConfig:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-def _bad(key: str, value: Any, valid: str) -> None:
-    raise ConfigError(f"bad config {key}={value!r}: {valid}")
-
 
 def _choice(key: str, value: Any, valid: tuple) -> None:
     # `True == 1` in Python, so compare types too (compile=1 is not compile=true).
@@ -224,65 +226,3 @@ def _choice(key: str, value: Any, valid: tuple) -> None:
 def _positive(key: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         _bad(key, value, "must be a positive integer")
-
-
-def _build(cls, node: Any, prefix: str):
-    """Dataclass from a config node: unknown keys and wrong types fail with the full key name."""
-    data = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else dict(node)
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(data) - set(names))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(prefix + '.' + k for k in unknown)}: valid keys are {', '.join(names)}")
-    kw = {}
-    for name in names:
-        if name not in data:
-            continue
-        key, v, t = f"{prefix}.{name}", data[name], hints[name]
-        if dataclasses.is_dataclass(t):
-            if not isinstance(v, Mapping):
-                _bad(key, v, "must be a group of keys")
-            kw[name] = _build(t, v, key)
-        else:
-            kw[name] = _coerce(key, v, t)
-    return cls(**kw)
-
-
-def _coerce(key: str, v: Any, t: Any) -> Any:
-    origin, args = typing.get_origin(t), typing.get_args(t)
-    if origin is Union:
-        if v is None:
-            if type(None) in args:
-                return None
-            _bad(key, v, "must not be null")
-        options = [a for a in args if a is not type(None)]
-        for a in options:
-            try:
-                return _coerce(key, v, a)
-            except ConfigError:
-                if len(options) == 1:
-                    raise
-        return v  # several types (e.g. auto|true|false): the group's validate() names the valid values
-    if v is None:
-        _bad(key, v, "must not be null")
-    if t is bool:
-        if isinstance(v, bool):
-            return v
-        _bad(key, v, "must be true or false")
-    if t is int:
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-        _bad(key, v, "must be an integer")
-    if t is float:
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v):
-            return float(v)
-        _bad(key, v, "must be a number")
-    if t is str:
-        if isinstance(v, str):
-            return v
-        _bad(key, v, "must be a string")
-    if t is tuple:
-        if isinstance(v, (list, tuple)):
-            return tuple(v)
-        _bad(key, v, "must be a list")
-    return v

@@ -1,27 +1,91 @@
-"""Config-group options that come from the code's registries rather than from YAML files.
+"""What Hydra composes from code rather than from YAML: the config schema and the code-only variants.
+
+`base_config` (first in configs/config.yaml's defaults list) holds every key of the `model`, `norm`,
+`data`, `train`, `optim` and `logging` groups at its dataclass default (common.config.defaults), so a
+YAML file holds only what differs, any key can be overridden without `+`, and a misspelt key in a YAML
+file fails at composition. The dataclasses are the single place defaults are written.
 
 A variant registered with `@register("name")` and no configs/norm/<name>.yaml is still a `norm=<name>`
-option: its group is every `norm.*` key at its default (model.config.norm_group_defaults). So a new
-variant is its class and its test; the YAML is optional (add one for comments or other defaults).
+option (its group is just `name: <name>`; every other key comes from the schema). So a new variant is
+its class and its test; the YAML is optional (add one for a comment or for settings that differ).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+_STORED: set[str] = set()  # the code-only `norm` options stored so far
+
+
+def group_defaults() -> dict:
+    """{group: {key: default}} for every config group train.py reads."""
+    from common.config import defaults
+    from data.config import DataConfig
+    from model.config import model_group_defaults, norm_group_defaults
+
+    from .config import LoggingConfig, OptimConfig, TrainConfig
+
+    return {"model": model_group_defaults(), "norm": norm_group_defaults(), "data": defaults(DataConfig),
+            "train": defaults(TrainConfig), "optim": defaults(OptimConfig), "logging": defaults(LoggingConfig)}
 
 
 def register_code_configs(config_dir: Path = CONFIG_DIR) -> list[str]:
-    """Store a `norm` group option for every registered variant without a YAML; returns their names.
-    Call before Hydra composes (train.py does; tests that compose do too)."""
+    """Store the `base_config` schema, and a `norm` group option for every registered variant without a
+    YAML; returns those variants' names. Call before Hydra composes (train.py does; so do the tests and
+    scripts that compose)."""
     from hydra.core.config_store import ConfigStore
 
-    from model.config import norm_group_defaults
+    from common.config import schema
     from model.variants import VARIANTS
 
+    store = ConfigStore.instance()
+    store.store(name="base_config", node={g: schema(d, f"{g}_schema") for g, d in group_defaults().items()})
+    for name in _STORED - set(VARIANTS):  # a variant unregistered since (a test's) is no option any more
+        store.repo.get("norm", {}).pop(f"{name}.yaml", None)
     stored = []
     for name in VARIANTS:
         if not (config_dir / "norm" / f"{name}.yaml").is_file():
-            ConfigStore.instance().store(group="norm", name=name, node=norm_group_defaults(name))
+            store.store(group="norm", name=name, node={"name": name})
             stored.append(name)
+    _STORED.clear()
+    _STORED.update(stored)
     return stored
+
+
+def composition_error_line(e: BaseException) -> str:
+    """One line for a Hydra composition error: an unknown group option, an unknown key, bad syntax."""
+    options, missing = getattr(e, "options", None), getattr(e, "missing_cfg_file", None)
+    if options and missing and "/" in missing:  # `norm=nope`
+        group, name = missing.rsplit("/", 1)
+        return f"unknown {group}={name}: valid are {', '.join(options)}"
+    full_key = getattr(e.__cause__, "full_key", None)
+    if full_key and "." in full_key:  # `model.foo=1`: a key the group does not have
+        node = group_defaults()
+        for part in full_key.split(".")[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            return f"unknown key(s) {full_key}: valid keys are {', '.join(node)}"
+    if getattr(e, "override", None):  # bad override syntax
+        return f"bad override {e.override!r}: {' '.join(str(e).splitlines()[0].split())}"
+    first = " ".join(str(e).strip().splitlines()[0].split()) if str(e).strip() else type(e).__name__
+    cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None and str(e.__cause__).strip() else ""
+    return f"{first}: {cause}" if cause and cause not in first else first
+
+
+def run_hydra(hydra_main) -> None:
+    """Run a @hydra.main entry point with composition errors reported like every other user error: one
+    line on stderr, exit status 2 (HYDRA_FULL_ERROR=1 keeps Hydra's own report). Errors raised once the
+    task runs are the task's (train.py reports its user errors itself; a bug keeps its traceback)."""
+    import os
+    import sys
+
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+
+    if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        return hydra_main()
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises the error instead of printing its report
+    try:
+        hydra_main()
+    except (ConfigCompositionException, OverrideParseException) as e:
+        print(f"error: {composition_error_line(e)}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,132 @@
+"""The typed config layer: defaults written once (in the dataclasses), YAML files holding only what
+differs, overrides without `+`, and one-line errors for unknown keys, wrong types and unknown options."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from common import ConfigError
+from common.config import build, defaults, field_docs
+from data.config import DataConfig
+from evaluation.config import EvalConfig
+from model.config import GPTConfig, ModelGroup
+from model.variants import VARIANTS
+from trainer.config import GroupConfig, LoggingConfig, MuonConfig, OptimConfig, TrainConfig, WandbConfig, parse_run_config
+from trainer.config_store import composition_error_line, group_defaults, register_code_configs
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+
+
+def composed(*overrides):
+    register_code_configs()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def test_keys_missing_from_the_yaml_are_overridden_without_plus():
+    cfg = composed("norm=geonorm", "norm.clamp=0.5", "train.max_steps=3", "optim.groups.scalars.lr_mult=30",
+                   "data.max_docs=10")
+    rc = parse_run_config(cfg)
+    assert rc.train.max_steps == 3 and rc.optim.groups.scalars == GroupConfig(lr_mult=30.0, weight_decay=0.0)
+    m = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=257)
+    assert m.norm == "geonorm" and m.geonorm_clamp == 0.5
+    assert DataConfig.from_any(cfg.data).max_docs == 10
+
+
+def test_default_composition_is_the_dataclass_defaults():
+    cfg = composed("logging.wandb.mode=offline")
+    rc = parse_run_config(cfg)
+    assert rc.train == TrainConfig() and rc.optim == OptimConfig() and rc.logging == LoggingConfig()
+    muon = parse_run_config(composed("optim=muon")).optim  # a partial `groups` keeps the other defaults
+    assert muon.groups.vectors == GroupConfig(lr_mult=5.0, weight_decay=0.0) and muon.groups.matrices == GroupConfig()
+    assert muon.muon == MuonConfig()
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_variant_defaults_come_from_its_class_through_hydra(name):
+    cfg = composed(f"norm={name}")
+    assert cfg.norm.decay is None and cfg.norm.embed_norm is None and cfg.norm.final_norm is None and cfg.norm.p is None
+    m = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=257)
+    v = VARIANTS[name]
+    assert (m.decay, m.embed_norm, m.final_norm) == (v.default_decay, v.default_embed_norm, v.default_final_norm)
+    assert m.p == (v.fixed_p or 1.0)
+
+
+def test_an_explicit_setting_beats_the_variant_default():
+    cfg = composed("norm=geonorm", "norm.decay=none", "norm.final_norm=false")
+    m = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=257)
+    assert (m.decay, m.final_norm) == ("none", False)
+
+
+def test_wrong_types_are_one_line_naming_the_key():
+    for override, msg in (("train.max_steps=abc", "bad config train.max_steps='abc': must be an integer"),
+                          ("norm.clamp=abc", "bad config norm.clamp='abc': must be a number"),
+                          ("model.bias=1", "bad config model.bias=1: must be true or false"),
+                          ("optim.groups.vectors.lr_mult=[1]", "bad config optim.groups.vectors.lr_mult=[1]: must be a number")):
+        with pytest.raises(ConfigError) as e:
+            parse_run_config(composed(override))
+        assert str(e.value) == msg
+
+
+def test_composition_errors_become_one_line():
+    for override, msg in (
+            ("norm=nope", "unknown norm=nope: valid are " + ", ".join(sorted(VARIANTS))),
+            ("model.foo=1", "unknown key(s) model.foo: valid keys are " + ", ".join(group_defaults()["model"])),
+            ("optim.groups.gains.lr_mult=2", "unknown key(s) optim.groups.gains: valid keys are matrices, embeddings, vectors, scalars")):
+        with pytest.raises(ConfigCompositionException) as e:
+            composed(override)
+        assert composition_error_line(e.value) == msg
+
+
+def test_train_py_reports_an_unknown_key_in_one_line(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    p = subprocess.run([sys.executable, "train.py", "+model.foo=1", f"out_dir={tmp_path}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith("error: unknown key(s) model.foo: ")
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def _leaves(d, prefix=""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _leaves(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def test_yaml_files_hold_only_what_differs_from_the_defaults():
+    """A key whose YAML value equals its dataclass default would be a second place that default lives."""
+    schema = group_defaults()
+    flat = {g: dict(_leaves(d)) for g, d in schema.items()}
+    for group in ("model", "norm", "data", "train", "optim", "logging"):
+        for path in sorted((CONFIGS / group).glob("*.yaml")):
+            content = yaml.safe_load(path.read_text()) or {}
+            for key, value in _leaves({k: v for k, v in content.items() if k != "defaults"}):
+                assert key in flat[group], f"{path.name}: {group}.{key} is not a key"
+                assert key == "name" or value != flat[group][key], f"{path.name}: {group}.{key} restates its default"
+    for path in sorted((CONFIGS / "arch").glob("*.yaml")):  # presets: model.* axes and norm.kind
+        for key, value in _leaves(yaml.safe_load(path.read_text())):
+            group, _, sub = key.partition(".")
+            assert sub == "arch" or value != flat[group][sub], f"arch/{path.name}: {key} restates its default"
+
+
+def test_every_config_field_has_a_one_line_doc():
+    for cls in (GPTConfig, ModelGroup, DataConfig, TrainConfig, OptimConfig, GroupConfig, MuonConfig, LoggingConfig,
+                WandbConfig, EvalConfig):
+        docs = field_docs(cls)
+        assert set(docs) == set(defaults(cls)), (cls.__name__, set(defaults(cls)) - set(docs))
+
+
+def test_builder_refuses_null_and_unknown_keys_in_nested_groups():
+    with pytest.raises(ConfigError, match=r"^bad config optim.lr=None: must not be null$"):
+        build(OptimConfig, {"lr": None}, "optim")
+    with pytest.raises(ConfigError, match=r"^unknown key\(s\) logging.wandb.mood: valid keys are mode, "):
+        build(LoggingConfig, {"wandb": {"mood": "online"}}, "logging")
+    assert EvalConfig().tasks[:2] == ["lambada_openai", "wikitext"] and len(EvalConfig().tasks) == 11
