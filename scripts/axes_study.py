@@ -14,7 +14,9 @@ offline pydocs, 400 steps x 2,048 tokens = 819,200 tokens per run, cosine schedu
          pre_ln, geonorm and proj_spheret at Muon lr 0.025 and 0.1 (around modded-nanogpt's 0.05),
          every other group on AdamW exactly as in the AdamW runs (same lr, multipliers, schedule);
          seed 0.
-  seeds  seed 1 at each row's best point of the grid.
+  edge   with two points the better one is always at an edge: one more lr beyond it (x2 above the
+         upper point, /2 below the lower one), seed 0, so every row gets a 3-point, 16x-wide grid;
+  seeds  seed 1 at each row's best point of grid + edge.
 Two runs at a time with one thread each; resumable (finished runs are skipped).
 """
 from __future__ import annotations
@@ -44,7 +46,7 @@ FIDELITY_BEST = {"pre_ln": {"lr": 3e-3}, "peri_ln": {"lr": 3e-3}, "proj_spheret"
                  "ngpt": {"lr": 3e-3}}       # not in the fidelity study: Pre-LN's best
 LR_FACTORS = [0.5, 2.0]
 MUON_LRS = [0.025, 0.1]
-PARTS = ["grid", "seeds"]
+PARTS = ["grid", "edge", "seeds"]
 
 
 def row_key(arch: str, variant: str, optim: str) -> str:
@@ -106,9 +108,25 @@ def best_points(runs: list[runlib.Run]) -> dict[str, dict]:
     return {row: runlib.best_over({row: rs}, tuned_key(rs[0]))[row] for row, rs in rows(runs).items()}
 
 
-def sweep(args, *extra: str) -> None:
+def edge_points(runs: list[runlib.Run]) -> dict[str, dict]:
+    """One more point beyond each row's best grid value (seed-0 runs), in the direction it is better."""
+    grid = grid_points()
+    out = {}
+    for row, b in best_points([r for r in runs if str(r.seed) == "0"]).items():
+        key = tuned_key(b["runs"][0])
+        tried = sorted(v for v in b["by_value"])
+        if len(tried) < 2 or b["value"] not in (tried[0], tried[-1]):
+            continue  # a best value inside what was tried needs no further point
+        value = b["value"] * 2 if b["value"] == tried[-1] else b["value"] / 2
+        label = f"{row}-lr-{value:g}"
+        base = grid[f"{row}-lr-{b['value']:g}"]
+        out[label] = {**base, key: value}
+    return out
+
+
+def sweep(args, points: dict, *extra: str) -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(grid_points(args.rows), f, sort_keys=False)
+        yaml.safe_dump(points, f, sort_keys=False)
     cmd = [sys.executable, str(SCRIPTS / "sweep.py"), "--name", SWEEP, "--runs-root", str(args.runs_root),
            "--experiment", "fidelity", "--points", f.name, "--jobs", str(args.jobs), *extra,
            "--", "train.threads=1", *args.overrides]
@@ -120,12 +138,22 @@ def sweep(args, *extra: str) -> None:
 
 def run_part(args, part: str) -> None:
     if part == "grid":
-        sweep(args, "--seeds", "0")
+        sweep(args, grid_points(args.rows), "--seeds", "0")
+        return
+    runs = [r for r in load(args.runs_root) if r.finished]
+    if args.rows:
+        runs = [r for r in runs if r.base.rsplit("-lr-", 1)[0] in args.rows]
+    grid = grid_points()
+    edge = edge_points([r for r in runs if r.base in grid])  # from the grid's runs only: one step, once
+    if part == "edge":
+        if edge:
+            sweep(args, edge, "--seeds", "0")
     elif part == "seeds":
-        best = best_points(load(args.runs_root))
-        labels = sorted({r.base for b in best.values() for r in b["runs"]})
-        if labels:
-            sweep(args, "--seeds", "1", "--only", ",".join(labels))
+        best = best_points(runs)
+        labels = {r.base for b in best.values() for r in b["runs"]}
+        points = {lbl: p for lbl, p in {**grid, **edge}.items() if lbl in labels}
+        if points:
+            sweep(args, points, "--seeds", "1")
 
 
 def record_time(root: Path, part: str, seconds: float) -> None:
@@ -172,7 +200,8 @@ def report(root: Path, docs: Path) -> None:
              f"Runs finished: {len(runs)}. Tokens per run: {_tokens(runs):,}. Wall time per part (2 runs at a time): "
              + ", ".join(f"{k} {v / 60:.0f} min" for k, v in times.items()) + ".", "",
              "Final validation loss (bytes, lower is better) at each row's best lr, mean ± std over the "
-             "seeds run there; every lr tried (seed 0) in the last column.", "",
+             "seeds run there; every lr tried (seed 0) in the last column; (edge): the best is the largest or "
+             "smallest lr tried, so the optimum may lie beyond it.", "",
              "| arch | variant | optimizer | best lr | loss (seeds) | each lr, seed 0 |", "|---|---|---|---|---|---|"]
     order = [(a, v, "adamw") for a in ("gpt2", "llama", "speedrun") for v in VARIANTS]
     order += [("llama", v, "muon") for v in MUON_VARIANTS]
@@ -186,7 +215,8 @@ def report(root: Path, docs: Path) -> None:
         seeds = ",".join(sorted(str(r.seed) for r in b["runs"]))
         each = ", ".join(f"{v:g}: {'failed' if s == float('inf') else f'{s:.3f}'}"
                          for v, s in sorted(b["by_value"].items()))
-        lines.append(f"| {arch} | {variant} | {optim} | {b['value']:g} | {_mean_sd(losses)} (s{seeds}) | {each} |")
+        edge = " (edge)" if b["value"] in (min(b["by_value"]), max(b["by_value"])) else ""
+        lines.append(f"| {arch} | {variant} | {optim} | {b['value']:g}{edge} | {_mean_sd(losses)} (s{seeds}) | {each} |")
         if losses:
             table[(arch, variant, optim)] = statistics.fmean(losses)
     lines += ["", "Rank of each variant within its block (AdamW, 1 = lowest loss):", "",
