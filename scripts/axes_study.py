@@ -1,21 +1,19 @@
 """The axes study: does the fidelity study's ranking depend on the block or on the optimizer?
 (docs/axes_study.md)
 
-    python scripts/axes_study.py all            # both parts, then the report (~1.5 h on 2 cores)
-    python scripts/axes_study.py run grid       # one part: grid | seeds
+    python scripts/axes_study.py all            # every part, then the report (~1.5 h on 2 cores)
+    python scripts/axes_study.py run grid       # one part: grid | edge | seeds
     python scripts/axes_study.py report         # table and figure from whatever has finished
     python scripts/axes_study.py all -- train.max_steps=20   # any Hydra override, every run (quick check)
 
 Setting: the fidelity study's (configs/experiment/fidelity.yaml: tiny 4 x 128, byte tokenizer,
 offline pydocs, 400 steps x 2,048 tokens = 819,200 tokens per run, cosine schedule, warmup 40).
   grid   arch gpt2 | llama | speedrun x {pre_ln, peri_ln, geonorm, proj_spheret, ngpt} with AdamW at
-         lr = best x 1/2 and best x 2, where best is the variant's best lr in the fidelity study
+         lr = best x 1/2, 1 and 2, where best is the variant's best setting in the fidelity study
          (FIDELITY_BEST; nGPT was not in it and takes Pre-LN's); and on llama, Muon for the matrices of
-         pre_ln, geonorm and proj_spheret at Muon lr 0.025 and 0.1 (around modded-nanogpt's 0.05),
-         every other group on AdamW exactly as in the AdamW runs (same lr, multipliers, schedule);
-         seed 0.
-  edge   with two points the better one is always at an edge: one more lr beyond it (x2 above the
-         upper point, /2 below the lower one), seed 0, so every row gets a 3-point, 16x-wide grid;
+         pre_ln, geonorm and proj_spheret at Muon lr 0.025, 0.05 (modded-nanogpt's) and 0.1, every
+         other group on AdamW exactly as in the AdamW runs (same lr, multipliers, schedule); seed 0;
+  edge   where the best of the grid is its largest or smallest lr: one more lr beyond it (x2 or /2), seed 0;
   seeds  seed 1 at each row's best point of grid + edge.
 Two runs at a time with one thread each; resumable (finished runs are skipped).
 """
@@ -44,8 +42,8 @@ MUON_VARIANTS = ["pre_ln", "geonorm", "proj_spheret"]
 FIDELITY_BEST = {"pre_ln": {"lr": 3e-3}, "peri_ln": {"lr": 3e-3}, "proj_spheret": {"lr": 1e-3},
                  "geonorm": {"lr": 1e-2, "optim.groups.scalars.lr_mult": 100.0},
                  "ngpt": {"lr": 3e-3}}       # not in the fidelity study: Pre-LN's best
-LR_FACTORS = [0.5, 2.0]
-MUON_LRS = [0.025, 0.1]
+LR_FACTORS = [0.5, 1.0, 2.0]
+MUON_LRS = [0.025, 0.05, 0.1]
 PARTS = ["grid", "edge", "seeds"]
 
 
