@@ -1,7 +1,7 @@
 """The axes study: does the fidelity study's ranking depend on the block or on the optimizer?
 (docs/axes_study.md)
 
-    python scripts/axes_study.py all            # every part, then the report (~1.5 h on 2 cores)
+    python scripts/axes_study.py all            # every part, then the report (~80 min on 2 cores)
     python scripts/axes_study.py run grid       # one part: grid | edge | seeds
     python scripts/axes_study.py report         # table and figure from whatever has finished
     python scripts/axes_study.py all -- train.max_steps=20   # any Hydra override, every run (quick check)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The axes study (docs/axes_study.md): every part, then docs/axes/{tables.md,axes.png}.
-# ~1.5 h on 2 CPU cores (two runs at a time, one thread each); rerun to resume, finished runs are skipped.
+# ~80 min on 2 CPU cores (two runs at a time, one thread each); rerun to resume, finished runs are skipped.
 #   bash scripts/run_axes_study.sh                        # everything
 #   bash scripts/run_axes_study.sh -- train.max_steps=8   # a quick check of the machinery (any override)
 set -euo pipefail
