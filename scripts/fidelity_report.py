@@ -17,6 +17,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import runlib  # noqa: E402
+from runlib import ok_losses, pm  # noqa: E402
 from data.files import atomic_write  # noqa: E402
 
 KEY_LR, KEY_MULT = "optim.lr", "optim.groups.scalars.lr_mult"
@@ -35,30 +36,12 @@ def variant_colour(label: str):
     return cmap(names.index(base) % 20) if base else "black"
 
 
-def load_part(root: Path, part: str) -> list[runlib.Run]:
-    d = root / f"fidelity_{part}"
-    if not d.is_dir() or not any(d.rglob("metrics.jsonl")):
-        return []
-    return [runlib.load_run(p) for p in runlib.find_runs([d])]
-
-
 def by(runs, key) -> dict:
     """Runs grouped by key(run), groups in the variant registry's order, seeds in order."""
     out: dict = {}
     for r in runs:
         out.setdefault(key(r), []).append(r)
     return {k: sorted(out[k], key=lambda r: str(r.seed)) for k in runlib.sort_labels(out)}
-
-
-def ok_losses(runs) -> list[float]:
-    return [r.final_val_loss for r in runs if r.finished and not r.failed and r.final_val_loss is not None]
-
-
-def pm(xs: list[float], digits: int = 3) -> str:
-    if not xs:
-        return "—"
-    m = statistics.fmean(xs)
-    return f"{m:.{digits}f}" + (f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else "")
 
 
 def cell(run) -> str:
@@ -388,7 +371,7 @@ def report(root: Path, docs: Path) -> None:
     import json
     out = docs / "fidelity"
     out.mkdir(parents=True, exist_ok=True)
-    a, b, c, d, e = (load_part(root, p) for p in "abcde")
+    a, b, c, d, e = (runlib.load_sweep(root / f"fidelity_{p}") for p in "abcde")
     lines = ["# Fidelity study: generated tables", "",
              "Written by `bash scripts/run_fidelity_study.sh` (`scripts/fidelity_report.py`); the discussion is in "
              "`docs/fidelity_study.md`.", ""]

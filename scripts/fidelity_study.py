@@ -20,7 +20,6 @@ after the parts before it.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import tempfile
@@ -61,10 +60,7 @@ def sweep(args, name: str, *extra: str) -> None:
 
 
 def load(args, part: str) -> list[runlib.Run]:
-    d = Path(args.runs_root) / f"fidelity_{part}"
-    if not d.is_dir():
-        return []
-    return [runlib.load_run(p) for p in runlib.find_runs([d])]
+    return runlib.load_sweep(Path(args.runs_root) / f"fidelity_{part}")
 
 
 def best_lr(args) -> dict[str, dict]:
@@ -173,16 +169,6 @@ def run_part(args, part: str) -> None:
         raise SystemExit(f"unknown part {part!r}: valid parts are {', '.join(PARTS)}")
 
 
-def record_time(root: Path, part: str, seconds: float) -> None:
-    path = root / "fidelity_times.json"
-    times = json.loads(path.read_text()) if path.is_file() else {}
-    times[part] = times.get(part, 0.0) + seconds
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(times, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("action", choices=["all", "run", "report"])
@@ -203,7 +189,7 @@ def main(argv=None) -> int:
         try:
             run_part(args, args.part)
         finally:  # wall time per part, added up over resumed invocations (the report prints it)
-            record_time(Path(args.runs_root), args.part, time.time() - t0)
+            runlib.add_wall_time(Path(args.runs_root) / "fidelity_times.json", args.part, time.time() - t0)
         print(f"### part {args.part}: {time.time() - t0:.0f} s wall", flush=True)
         return 0
     if args.action == "all":

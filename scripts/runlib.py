@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -16,6 +17,7 @@ from typing import Any, Iterable
 import yaml
 
 from common import perplexity
+from data.files import atomic_write
 from model import VARIANTS
 
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.yaml"
@@ -206,6 +208,14 @@ def find_runs(paths: Iterable[str | Path]) -> list[Path]:
     return list(dict.fromkeys(found))
 
 
+def load_sweep(sweep_dir: Path) -> list[Run]:
+    """Every run of one sweep directory; [] while it holds none yet (a study part not started)."""
+    sweep_dir = Path(sweep_dir)
+    if not sweep_dir.is_dir() or not any(sweep_dir.rglob("metrics.jsonl")):
+        return []
+    return [load_run(p) for p in find_runs([sweep_dir])]
+
+
 def group_runs(runs: list[Run], order: list[str] | None = None) -> dict[str, list[Run]]:
     groups: dict[str, list[Run]] = {}
     for r in runs:
@@ -278,3 +288,25 @@ def load_paper(setting: str | None, path: Path = PAPER_RESULTS) -> dict | None:
     if setting not in settings:
         raise SystemExit(f"unknown paper setting {setting!r} in {path}; valid: {', '.join(settings)}")
     return settings[setting]
+
+
+def ok_losses(runs: Iterable[Run]) -> list[float]:
+    """Final validation losses of the finished runs that did not fail (the numbers a table averages)."""
+    return [r.final_val_loss for r in runs if r.finished and not r.failed and r.final_val_loss is not None]
+
+
+def pm(xs: list[float], digits: int = 3) -> str:
+    """'mean ± std' (std only from 2 values on); '—' for none."""
+    if not xs:
+        return "—"
+    m = statistics.fmean(xs)
+    return f"{m:.{digits}f}" + (f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else "")
+
+
+def add_wall_time(path: Path, part: str, seconds: float) -> None:
+    """Add `seconds` to `part`'s wall time in the JSON file `path` (a study's times, summed over resumes)."""
+    path = Path(path)
+    times = json.loads(path.read_text()) if path.is_file() else {}
+    times[part] = times.get(part, 0.0) + seconds
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(times, indent=1) + "\n")
