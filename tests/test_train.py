@@ -87,25 +87,37 @@ def test_every_variant_overfits_one_batch(tmp_path, norm):
     assert losses[-1] < losses[0] - 0.1, (norm, losses)
 
 
-def test_nonfinite_step_is_skipped_without_touching_state(tmp_path):
-    # Constant schedule inside its warmup: the LR moves with every applied update, so a skipped step
-    # that advanced the schedule would show. A NaN loss at step 3 must leave everything as after step 2.
-    common = ["optim.schedule=constant", "optim.warmup_steps=10", "train.ckpt_interval=1", "train.keep_last=9"]
+def run_with_a_nan_step(tmp_path, *overrides):
+    """Train 4 steps with a NaN loss at step 3 and, apart, 2 clean steps; check that the skipped step
+    left the model, the update count and the schedule as after step 2. Returns (nan, clean) step-3 and
+    step-2 checkpoints for the caller's optimizer-state checks.
+
+    Constant schedule inside its warmup: the LR moves with every applied update, so a skipped step
+    that advanced the schedule would show."""
+    common = [*overrides, "optim.schedule=constant", "optim.warmup_steps=10", "train.ckpt_interval=1",
+              "train.keep_last=9"]
     train(make_cfg(tmp_path / "nan", *common, "train.max_steps=4", "train.inject_nan_at=3"))
     train(make_cfg(tmp_path / "clean", *common, "train.max_steps=2"))
     nan = ck.load_checkpoint(ck.ckpt_path(tmp_path / "nan", 3))
     clean = ck.load_checkpoint(ck.ckpt_path(tmp_path / "clean", 2))
     for k, v in clean["model"].items():
         assert torch.equal(v, nan["model"][k]), k
+    assert nan["scheduler"]["updates"] == 2 and nan["scheduler"]["skipped_total"] == 1
+    tr = records(tmp_path / "nan", "train")
+    # Step 4 runs at the LR step 3 would have had: the schedule did not move.
+    assert tr[1]["lr"] < tr[2]["lr"] == tr[3]["lr"]
+    return nan, clean
+
+
+def test_nonfinite_step_is_skipped_without_touching_state(tmp_path):
+    # A NaN loss at step 3 must leave everything as after step 2.
+    nan, clean = run_with_a_nan_step(tmp_path)
     for pid, st in clean["optimizer"]["state"].items():
         for name, t in st.items():
             assert torch.equal(t, nan["optimizer"]["state"][pid][name]), (pid, name)
-    assert nan["scheduler"]["updates"] == 2 and nan["scheduler"]["skipped_total"] == 1
     tr = records(tmp_path / "nan", "train")
     assert [r["skipped_steps"] for r in tr] == [0, 0, 1, 1]
     assert tr[2]["loss"] is None and tr[3]["loss"] is not None  # NaN is written as null
-    # Step 4 runs at the LR step 3 would have had: the schedule did not move.
-    assert tr[1]["lr"] < tr[2]["lr"] == tr[3]["lr"]
 
 
 def test_nan_injection_wraps_the_forward_once_and_only_when_asked():
