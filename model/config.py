@@ -17,6 +17,7 @@ from common import ConfigError
 from common.config import bad, build, defaults, parse, to_plain
 
 from .decay import DECAYS
+from .init import INITS
 from .norms import INPUT_STEPS, NORM_KINDS
 from .variants import get_variant
 
@@ -25,6 +26,7 @@ POS_EMBS = ("learned", "rope")
 MLPS = ("gelu", "swiglu", "relu2")
 DEEPNORM_INITS = ("scaled", "xavier")
 DECAY_INDICES = ("block", "sublayer")
+SUBLAYER_INPUTS = ("raw", "norm")
 
 
 @dataclass
@@ -44,6 +46,8 @@ class GPTConfig:
     mlp: str = "gelu"                    # gelu (GPT-2) | swiglu (LLaMA) | relu2 (modded-nanogpt)
     mlp_hidden: Optional[int] = None     # null: 4d (gelu, relu2); 8d/3 rounded up to a multiple of 64 (swiglu)
     qk_norm: bool = False                # RMSNorm (no gain) of q and k per head before attention
+    init: str = "nanogpt"                # weight init scheme: nanogpt (N(0, 0.02)) | fan_in (N(0, 1/fan_in)); model/init.py
+    embed_std: Optional[float] = None    # std of the token/position embeddings at init; null: the init scheme's
     # --- normalization (Hydra group `norm`; keys in NORM_KEYS) ---
     norm: str = "pre_ln"                 # the variant: a name registered in model/variants.py
     norm_kind: str = "layernorm"         # layernorm | rmsnorm (every Norm of the variant)
@@ -62,6 +66,7 @@ class GPTConfig:
     decay_index: str = "block"           # lambda indexed by block k of N | sublayer j+1 of 2N
     alpha_init: float = 1.0              # SpheretNorm: softplus(rho) at init
     a_init: float = 1.0                  # GeoNorm: a at init
+    sublayer_input: str = "raw"          # sphere family: F reads the raw stream h (raw) or Norm(h) (norm)
 
     def __post_init__(self) -> None:
         variant = get_variant(self.norm)  # raises ConfigError listing the valid names
@@ -70,6 +75,10 @@ class GPTConfig:
         if variant.fixed_p is not None and self.p is not None and self.p != variant.fixed_p:
             raise ConfigError(f"bad config norm.p={self.p}: norm.name={self.norm} means p={variant.fixed_p:g}; "
                               "use norm=spheret to choose p")
+        if self.sublayer_input != "raw" and not variant.reads_sublayer_input:
+            raise ConfigError(f"bad config norm.sublayer_input={self.sublayer_input!r}: only the sphere family "
+                              f"(geonorm, spheret, proj_spheret, cay_spheret) reads it; norm.name={self.norm} "
+                              "already gives its sublayers a normalized input or none")
         self.p = float(variant.fixed_p or (1.0 if self.p is None else self.p))
         if self.decay is None:
             self.decay = variant.default_decay
@@ -111,6 +120,12 @@ class GPTConfig:
             bad("norm.a_init", self.a_init, "must be a finite number")
         if not (self.norm_eps >= 0):
             bad("norm.eps", self.norm_eps, "must be >= 0")
+        if self.sublayer_input not in SUBLAYER_INPUTS:
+            bad("norm.sublayer_input", self.sublayer_input, f"valid: {', '.join(SUBLAYER_INPUTS)}")
+        INITS[self.init]  # an unknown scheme: one line listing the valid ones
+        if self.embed_std is not None and not (isinstance(self.embed_std, (int, float)) and not isinstance(self.embed_std, bool)
+                                               and 0 < self.embed_std < math.inf):
+            bad("model.embed_std", self.embed_std, "must be a finite number > 0, or null (the init scheme's)")
         if self.pos_emb not in POS_EMBS:
             bad("model.pos_emb", self.pos_emb, f"valid: {', '.join(POS_EMBS)}")
         if self.mlp not in MLPS:
@@ -189,7 +204,7 @@ NORM_KEYS = {"name": "norm", "kind": "norm_kind", "eps": "norm_eps", "decay": "d
              "first_layer": "keel_first_layer", "alpha_attn": "dyt_alpha_attn",
              "alpha_other": "dyt_alpha_other", "deepnorm_init": "deepnorm_init",
              "learn_radius": "learn_radius", "decay_index": "decay_index", "alpha_init": "alpha_init",
-             "a_init": "a_init"}
+             "a_init": "a_init", "sublayer_input": "sublayer_input"}
 MODEL_GROUP_KEYS = tuple(f.name for f in fields(ModelGroup))
 # Hydra `model.*` keys that are GPTConfig fields: the shape and architecture axes.
 MODEL_KEYS = {f.name: f.name for f in fields(GPTConfig) if f.name not in {*NORM_KEYS.values(), *MODEL_GROUP_KEYS}}

@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .config import GPTConfig
+from .init import initialise
 from .rope import apply_rope, rope_tables
 from .variants import Variant, get_variant
 
@@ -132,14 +133,27 @@ class Block(nn.Module):
         self.attn_rule = variant(cfg, 2 * layer)
         self.mlp_rule = variant(cfg, 2 * layer + 1)
 
-    def forward(self, h, cache: Optional[KVCache] = None, hidden: Optional[list] = None, rope=None):
-        h = self.attn_rule(h, lambda x: self.attn(x, cache, rope))
+    def forward(self, h, cache: Optional[KVCache] = None, hidden: Optional[list] = None, rope=None,
+                outputs: Optional[list] = None):
+        """`hidden` collects the stream after each sublayer, `outputs` each sublayer's own output F(.)."""
+        attn, mlp = (lambda x: self.attn(x, cache, rope)), self.mlp
+        if outputs is not None:
+            attn, mlp = _recording(attn, outputs), _recording(mlp, outputs)
+        h = self.attn_rule(h, attn)
         if hidden is not None:
             hidden.append(h)
-        h = self.mlp_rule(h, self.mlp)
+        h = self.mlp_rule(h, mlp)
         if hidden is not None:
             hidden.append(h)
         return h
+
+
+def _recording(f, out: list):
+    def g(x):
+        y = f(x)
+        out.append(y)
+        return y
+    return g
 
 
 class GPT(nn.Module):
@@ -164,24 +178,15 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.wte.weight = self.lm_head.weight           # weight tying, as GPT-2
 
-        # nanoGPT init: N(0, 0.02), zero biases, residual projections N(0, 0.02/sqrt(2N))
-        self.apply(self._init_weights)
-        for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
+        initialise(self, config)                            # `model.init` (model/init.py)
         variant.init_weights(self)
 
-    @staticmethod
-    def _init_weights(module):
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
-                return_hidden: bool = False, kv_cache: Optional[KVCache] = None, last_only: bool = False):
+                return_hidden: bool = False, kv_cache: Optional[KVCache] = None, last_only: bool = False,
+                sublayer_outputs: Optional[list] = None):
+        """Logits and loss. `return_hidden` adds the 2N+1 stream states (after the input step and after
+        every sublayer); a list given as `sublayer_outputs` receives the 2N sublayer outputs F(.)
+        (model/geometry.py measures both)."""
         B, T = idx.shape
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.config.block_size:
@@ -194,7 +199,7 @@ class GPT(nn.Module):
         h = self.input_step(self.drop(e))
         hidden = [h] if return_hidden else None
         for block in self.blocks:
-            h = block(h, kv_cache, hidden, rope)
+            h = block(h, kv_cache, hidden, rope, sublayer_outputs)
         h = self.output_step(h)
         if last_only:
             h = h[:, -1:, :]
@@ -290,6 +295,11 @@ class GPT(nn.Module):
             if theta is not None:
                 out[f"angle_mean/{j}"] = theta.mean()
                 out[f"angle_max/{j}"] = theta.max()
+                # saturation: dtheta/dbeta falls as the angle nears its bound (cos^2 for p = 1)
+                out[f"angle_above_1rad/{j}"] = (theta > 1.0).float().mean()
+                bound = r.angle_bound()
+                if math.isfinite(bound):
+                    out[f"angle_near_bound/{j}"] = (theta > 0.9 * bound).float().mean()
             for name, value in r.step_sizes().items():
                 out[f"step/{j}/{name}"] = value
         if hasattr(self.input_step, "g"):

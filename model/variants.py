@@ -42,6 +42,7 @@ class Variant(nn.Module):
     """Base: Pre-LN-style defaults for the input and output steps; subclasses define `forward`."""
 
     name = "base"
+    reads_sublayer_input = False  # True where `norm.sublayer_input` has a meaning (the sphere family)
     default_decay = "none"
     default_embed_norm = "none"
     default_final_norm = True
@@ -228,6 +229,8 @@ class PreDyT(Variant):
 class _SphereVariant(Variant):
     """Shared plumbing of the sphere family: F sees h directly, the update is a rotation of h."""
 
+    reads_sublayer_input = True
+
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         # lambda indexed by block k of N (default, attention and MLP of a block share it) or by
@@ -236,6 +239,9 @@ class _SphereVariant(Variant):
         self.lam = decay_factor(cfg.decay, idx, n)
         self.track = False                       # the monitor turns this on at stats steps
         self.last_theta: Optional[torch.Tensor] = None
+        # `norm.sublayer_input=norm`: F reads Norm(h) instead of the raw stream (the papers feed h;
+        # default raw, our reading). The rotation still acts on the raw h.
+        self.in_norm = make_norm(cfg) if cfg.sublayer_input == "norm" else None
 
     def angle(self, r: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
         """Rotation angle from r = ||v||/||h|| and the learnable scalars `params`."""
@@ -244,8 +250,13 @@ class _SphereVariant(Variant):
     def angle_params(self):
         return ()
 
+    def angle_bound(self) -> float:
+        """The largest angle the rule can produce (the monitor reports the share of tokens near it)."""
+        return math.inf
+
     def forward(self, h, f):
-        h_new, theta = sphere_update(h, f(h), self.angle, self.angle_params())
+        s = f(h if self.in_norm is None else self.in_norm(h))
+        h_new, theta = sphere_update(h, s, self.angle, self.angle_params())
         if self.track:
             self.last_theta = theta.detach()
         return h_new
@@ -269,6 +280,9 @@ class GeoNorm(_SphereVariant):
 
     def angle_params(self):
         return (self.a, self.b)
+
+    def angle_bound(self):
+        return self.clamp
 
     def angle(self, r, a, b):
         theta0 = r.clamp(max=self.clamp)                           # clamp before decay
@@ -298,6 +312,9 @@ class SpheretNorm(_SphereVariant):
 
     def angle_params(self):
         return (self.rho,)
+
+    def angle_bound(self):
+        return self.p * math.pi / 2  # p atan(beta/p) < p pi/2; inf for the exponential map
 
     def angle(self, r, rho):
         return spheret_angle(F.softplus(rho) * self.lam * r, self.p)

@@ -152,7 +152,11 @@ def test_metrics_jsonl_schema_and_sink_keys(tmp_path):
     train(make_cfg(tmp_path, "norm=spheret", "train.max_steps=4", "logging.log_interval=2",
                    "train.eval_interval=2", "logging.stats_interval=2", "train.seed=7"), sinks=[rec])
     rs = records(tmp_path)
-    assert [r["kind"] for r in rs] == ["eval", "stats", "train", "eval", "stats", "train", "eval", "summary"]
+    # stats at step 0 (the geometry at init, right after the first eval), then every stats_interval
+    assert [r["kind"] for r in rs] == ["eval", "stats", "stats", "train", "eval", "stats", "train", "eval", "summary"]
+    st0 = [r for r in rs if r["kind"] == "stats"][0]
+    assert st0["step"] == 0 and {f"geo/angle/{j}" for j in range(4)} | {f"geo/grad/{j}" for j in range(5)} <= set(st0)
+    assert not any(k.startswith(("update_ratio/", "grad_norm/")) for k in st0)  # no step has been taken yet
     for r in rs:
         assert isinstance(r["step"], int) and r["tokens"] == r["step"] * 256
     train_keys = {"loss", "loss_max", "lr", "grad_norm", "tokens_per_s", "step_time", "mfu", "skipped_steps",
@@ -165,6 +169,8 @@ def test_metrics_jsonl_schema_and_sink_keys(tmp_path):
     st = [r for r in rs if r["kind"] == "stats"][-1]
     assert {f"rms/{j}" for j in range(5)} | {"grad_norm/block0", "grad_norm/block1"} <= set(st)
     assert any(k.startswith("angle_mean/") for k in st) and any(k.startswith("step/") for k in st)
+    assert {"update_ratio/matrices", "update_ratio/scalars", "geo/transmission", "angle_above_1rad/0"} <= set(st)
+    assert 0 < st["update_ratio/matrices"] < 1 and 0 < st["geo/transmission"] <= 1
     s = rs[-1]
     assert {"final_val_loss", "final_val_ppl", "best_val_loss", "spikes_loss", "spikes_grad_norm", "skipped_steps",
             "diverged", "steps", "tokens", "norm", "seed"} <= set(s)

@@ -26,7 +26,7 @@ from data.files import atomic_write
 
 from . import checkpoint, distributed, faults
 from .config import ConfigError, RunConfig, parse_run_config
-from .monitor import IntervalTimer, SpikeDetector, block_grad_norms, mfu, peak_flops, residual_rms
+from .monitor import IntervalTimer, SpikeDetector, block_grad_norms, mfu, peak_flops
 from .optim import LRSchedule, attach_lr, build_optimizer, for_variant, set_lr
 from .sinks import JsonlSink, Sink, WandbSink, truncate_jsonl
 
@@ -55,9 +55,12 @@ def grad_accum_steps(batch_tokens: int, micro_batch_size: int, block_size: int, 
 
 
 class StatsInputs(NamedTuple):
-    """What a stats step hands to log_stats: its last micro-batch and its per-block grad norms."""
-    batch: torch.Tensor
+    """What a stats step hands to log_stats: its last micro-batch, its per-block grad norms (pre-clip)
+    and each optimizer group's relative step ||dW||/||W|| (update_ratio/*, filled after the step)."""
+    x: torch.Tensor
+    y: torch.Tensor
     block_grad_norms: dict
+    update_ratios: dict
 
 
 class Trainer:
@@ -149,6 +152,7 @@ class Trainer:
                         f"the run ends inside the warmup and never reaches the peak optim.lr={self.optim_cfg.lr}")
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.group_params = {g: [p for _, p in named] for g, named in self.model.parameter_groups().items() if named}
 
     def _build_loaders(self) -> None:
         import data as data_mod
@@ -341,6 +345,8 @@ class Trainer:
                         f"to train further, pass a larger train.max_steps with train.resume=auto")
         if self.step == 0:
             self.evaluate()
+            x, y = (t.to(self.device) for t in self.loader.get_batch(0, 0))  # step 1's first micro-batch
+            self.log_stats(0, StatsInputs(x, y, {}, {}))  # the geometry at init, before any update
         self._wall0, self._step0 = time.perf_counter(), self.step  # for the ETA and the final summary
         dev = self.device
         timer = IntervalTimer(sync=(lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None)
@@ -452,7 +458,9 @@ class Trainer:
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if self.scaler is not None:
             self.scaler.unscale_(self.opt)
-        stats_inputs = StatsInputs(x, block_grad_norms(self.model.block_modules())) if is_stats else None
+        stats_inputs = StatsInputs(x, y, block_grad_norms(self.model.block_modules()), {}) if is_stats else None
+        before = ({g: [p.detach().clone() for p in ps] for g, ps in self.group_params.items()}
+                  if is_stats else None)  # a copy of the weights at stats steps only, for ||dW||/||W||
         grads = [p.grad for p in self.params if p.grad is not None]
         gn = torch.nn.utils.get_total_norm(grads, foreach=True)
         if self.optim_cfg.grad_clip > 0:
@@ -474,6 +482,9 @@ class Trainer:
         elif not skip:
             self.opt.step()
         self.model.after_optimizer_step(~bad)  # the variant's post-step hook; a no-op unless applied
+        if before is not None:
+            from model.geometry import update_ratios
+            stats_inputs.update_ratios.update(update_ratios(before, self.group_params))
         self.opt.zero_grad(set_to_none=True)
         self.updates += (~bad).double()
         self.skipped += bad.long()
@@ -563,16 +574,20 @@ class Trainer:
 
     @torch.no_grad()
     def log_stats(self, s: int, inputs: StatsInputs) -> None:
-        """Residual RMS per sublayer (an extra eval-mode forward of step s's last micro-batch, rank 0's
-        view), per-block grad norms (pre-clip, step s), and the sphere family's norm_stats()."""
+        """At step 0 and every stats_interval: the stream's geometry (model/geometry.py: residual RMS,
+        effective angle, relative update, ||F||/||h|| and ||dL/dh|| per sublayer, from an extra eval-mode
+        forward and backward of the step's last micro-batch, rank 0's view), per-block grad norms and
+        per-group ||dW||/||W|| of step s, and the sphere family's norm_stats()."""
         if not self.dist.is_main:
             return
+        from model.geometry import stream_geometry
+
         m = self.model  # eager, unwrapped: return_hidden must not trigger recompiles
         m.eval()
         m.set_stats_tracking(True)
         with self.autocast():
-            out = m(inputs.batch, return_hidden=True)
-        stats = {**residual_rms(out[2]), **inputs.block_grad_norms, **m.norm_stats()}
+            geometry = stream_geometry(m, inputs.x, inputs.y)
+        stats = {**geometry, **inputs.block_grad_norms, **inputs.update_ratios, **m.norm_stats()}
         m.set_stats_tracking(False)
         m.train()
         keys = list(stats)

@@ -126,12 +126,6 @@ def mfu(flops_per_token: float, tokens_per_s_per_device: float, peak: Optional[f
 
 
 @torch.no_grad()
-def residual_rms(hidden: list) -> dict:
-    """'rms/{j}': RMS of the residual stream after the input step (j=0) and after every sublayer."""
-    return {f"rms/{j}": h.float().pow(2).mean().sqrt() for j, h in enumerate(hidden)}
-
-
-@torch.no_grad()
 def block_grad_norms(blocks: list) -> dict:
     """'grad_norm/block{i}': L2 norm of block i's gradients (before clipping)."""
     out = {}

@@ -1,0 +1,154 @@
+"""How stiff is each variant at init? The step-0 geometry and the effect of one optimizer step, per cell.
+
+    python scripts/step_scale.py                                   # the default cells, tiny model, pydocs
+    python scripts/step_scale.py --cell pre_ln=norm=pre_ln --cell a32=norm=proj_spheret,norm.alpha_init=32
+    python scripts/step_scale.py --lr 1e-3 -- model=gpt_125m data.tokenizer=gpt2 --random   # any size, no data
+
+For each cell (a label and its Hydra overrides, on top of the common overrides after `--`): build the
+model as train.py would (same seed, init, optimizer and parameter groups), measure on one fixed batch
+(the first training batch, or uniform random tokens with `--random`) the stream geometry at step 0
+(model/geometry.py: effective angle per sublayer, relative update, ||F||/||h||), then take ONE
+optimizer step at the peak lr (`--lr`, default optim.lr; no warmup) and report how far it moved the
+logits on the same batch (RMS of the change) and the loss. Seconds per cell on a CPU for the tiny model.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+DEFAULT_CELLS = {
+    "pre_ln": "norm=pre_ln",
+    "pre_ln-rms1": "norm=pre_ln,norm.embed_norm=scalenorm",
+    "peri_ln": "norm=peri_ln",
+    "post_ln": "norm=post_ln",
+    "geonorm": "norm=geonorm",
+    "geonorm-r1-a32": "norm=geonorm,norm.embed_norm=scalenorm,norm.a_init=32",
+    "geonorm-normin": "norm=geonorm,norm.sublayer_input=norm",
+    "proj_spheret": "norm=proj_spheret",
+    "proj_spheret-a32": "norm=proj_spheret,norm.alpha_init=32",
+    "cay_spheret": "norm=cay_spheret",
+    "ngpt": "norm=ngpt",
+}
+
+
+def compose(overrides: list[str]):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from trainer.config_store import register_code_configs
+
+    register_code_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        return hydra_compose("config", overrides=overrides)
+
+
+def batch_for(cfg, random_batch: bool, micro: int, block: int):
+    """(x, y, vocab_size): the first training batch of the config's data, or random tokens."""
+    import torch
+
+    import data as data_mod
+
+    if random_batch:
+        vocab = data_mod.get_tokenizer(cfg.data.tokenizer).vocab_size
+        g = torch.Generator().manual_seed(0)
+        xy = torch.randint(0, vocab, (micro, block + 1), generator=g)
+        return xy[:, :-1], xy[:, 1:], vocab
+    data_dir = Path(data_mod.prepare_dataset(cfg.data))
+    tok = data_mod.get_tokenizer(json.loads((data_dir / "meta.json").read_text())["tokenizer"])
+    loader = data_mod.TrainLoader(data_dir, micro, block, grad_accum=1, rank=0, world_size=1, seed=0)
+    x, y = loader.get_batch(0, 0)
+    return x, y, tok.vocab_size
+
+
+def measure(overrides: list[str], lr: float | None, random_batch: bool) -> dict:
+    import torch
+
+    from model import GPT, GPTConfig
+    from model.geometry import stream_geometry
+    from trainer.config import parse_run_config
+    from trainer.loop import seed_all
+    from trainer.optim import build_optimizer, for_variant, set_lr
+
+    cfg = compose(overrides)
+    rc = parse_run_config(cfg)
+    block = int(cfg.model.block_size)
+    x, y, vocab = batch_for(cfg, random_batch, rc.train.micro_batch_size, block)
+    mcfg = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=vocab)
+    seed_all(rc.train.seed)
+    model = GPT(mcfg)
+    ocfg = for_variant(rc.optim, model.variant)
+    opt = build_optimizer(model, ocfg, torch.device("cpu"))
+    peak = ocfg.lr if lr is None else lr
+    set_lr(opt, torch.tensor(peak))
+    if not getattr(opt, "is_fused", True):  # the for-loop AdamW takes float lrs
+        for g in opt.param_groups:
+            g["lr"] = peak * g["lr_mult"]
+    model.eval()  # no dropout: the change is the step's alone
+    geo = {k: v.item() for k, v in stream_geometry(model, x, y).items()}
+    n = 2 * mcfg.n_layer
+    angles = [geo[f"geo/angle/{j}"] for j in range(n)]
+    with torch.no_grad():
+        before, loss0 = model(x, y)
+    _, loss = model(x, y)
+    loss.backward()
+    opt.step()
+    model.after_optimizer_step(torch.ones((), dtype=torch.bool))
+    with torch.no_grad():
+        after, loss1 = model(x, y)
+    return {"params": model.num_params(), "lr": peak, "angle_mean": statistics.fmean(angles),
+            "angle_min": min(angles), "angle_max": max(angles),
+            "rel_update": statistics.fmean(geo[f"geo/rel_update/{j}"] for j in range(n)),
+            "f_ratio": statistics.fmean(geo[f"geo/f_ratio/{j}"] for j in range(n)),
+            "rms_h0": geo["rms/0"],
+            "dlogits": (after - before).pow(2).mean().sqrt().item(), "logits_rms": before.pow(2).mean().sqrt().item(),
+            "loss0": loss0.item(), "dloss": (loss1 - loss0).item()}
+
+
+def table(results: dict[str, dict]) -> str:
+    lines = ["| cell | params | stream RMS | angle at init, mean [min, max] (rad) | rel. update | "
+             "‖F‖/‖h‖ | lr | RMS Δlogits, one step | Δloss, one step |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        lines.append(f"| {name} | {r['params'] / 1e6:.2f}M | {r['rms_h0']:.3g} | {r['angle_mean']:.3g} "
+                     f"[{r['angle_min']:.2g}, {r['angle_max']:.2g}] | {r['rel_update']:.3g} | {r['f_ratio']:.3g} | "
+                     f"{r['lr']:g} | {r['dlogits']:.3g} | {r['dloss']:+.3g} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cell", action="append", metavar="LABEL=OVERRIDES",
+                    help="a cell: label=key=value,key=value (repeatable); default: " + ", ".join(DEFAULT_CELLS))
+    ap.add_argument("--lr", type=float, help="the step's lr (default: optim.lr of the config)")
+    ap.add_argument("--random", action="store_true", help="uniform random tokens instead of the first training batch")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    common = argv[cut + 1:] or ["experiment=fidelity"]
+    cells = DEFAULT_CELLS
+    if args.cell:
+        cells = {}
+        for c in args.cell:
+            label, sep, ovr = c.partition("=")
+            if not sep or not ovr:
+                raise SystemExit(f"bad --cell {c!r}: write LABEL=key=value[,key=value...]")
+            cells[label] = ovr
+    from common import UserError
+
+    results = {}
+    for label, ovr in cells.items():
+        try:
+            results[label] = measure([*common, *ovr.split(",")], args.lr, args.random)
+        except UserError as e:
+            raise SystemExit(f"cell {label}: {e}")
+        print(f"# {label}: done", file=sys.stderr, flush=True)
+    print(f"common overrides: {' '.join(common)}")
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

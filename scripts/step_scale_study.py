@@ -1,0 +1,214 @@
+"""The step-scale study: is the gap between Pre-LN and the sphere family the rule, or how large a step
+each variant takes relative to its stream at init? (docs/step_scale_study.md)
+
+    python scripts/step_scale_study.py all            # every part in order, then the report
+    python scripts/step_scale_study.py run grid       # one part: grid | edge | chaos | trend | trend_edge
+    python scripts/step_scale_study.py report         # tables and figures from whatever has finished
+    python scripts/step_scale_study.py all -- train.max_steps=8   # any Hydra override, every run (quick check)
+    python scripts/step_scale_study.py all --base-experiment <name> --cells pre_ln,proj_spheret-a32 --jobs 8
+                                                      # the same study on another setting (GPU users: a gpt_* preset)
+
+Setting: configs/experiment/fidelity.yaml (tiny 4 x 128, byte tokenizer, offline pydocs, 400 steps x
+2,048 tokens = 819,200 tokens per run, cosine to 0 after 40 warmup steps, AdamW), stats every 25 steps.
+  grid        each cell (CELLS) at three lrs of LADDER around its start (CENTER), seeds 0, 1, 2;
+  edge        where a cell's best lr (by the mean over its seeds) is the largest or smallest tried: one
+              more lr beyond it, 3 seeds; repeated (at most EDGE_ROUNDS times) until the best is inside;
+  chaos       the best point of Pre-LN and of the best sphere cells, seed 0 rerun with train.threads=2
+              (only the floating-point order of the CPU kernels changes);
+  trend       Pre-LN and the best sphere cell at widths 64 / 256 (depth 4) and depths 8 / 16 (width 128),
+              each at three lrs around its best in (a), 3 seeds; trend_edge brackets them as edge does.
+Two runs at a time with one thread each (`--jobs`), resumable: finished runs are skipped, and each
+part's wall time is added up in <runs-root>/step_scale_times.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+import runlib
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPTS = REPO / "scripts"
+TIMES = "step_scale_times.json"
+LADDER = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]   # half-decade lr steps
+SEEDS = "0,1,2"
+EDGE_ROUNDS = 2
+BASE_FIXED = ["logging.stats_interval=25"]
+
+# (a): cell -> (overrides, centre of its lr grid). "small"/"large" = the relative step of the sublayers at init.
+CELLS = {
+    "pre_ln": ({"norm": "pre_ln"}, 3e-3),                                            # large (stream = the embedding)
+    "pre_ln-rms1": ({"norm": "pre_ln", "norm.embed_norm": "scalenorm"}, 3e-3),        # small (stream at RMS 1)
+    "proj_spheret": ({"norm": "proj_spheret"}, 3e-3),                                # small (alpha 1)
+    "proj_spheret-a8": ({"norm": "proj_spheret", "norm.alpha_init": 8.0}, 3e-3),
+    "proj_spheret-a32": ({"norm": "proj_spheret", "norm.alpha_init": 32.0}, 3e-3),
+    "geonorm": ({"norm": "geonorm"}, 1e-2),                                          # as in the fidelity study
+    "geonorm-r1": ({"norm": "geonorm", "norm.embed_norm": "scalenorm"}, 3e-3),       # radius sqrt(d), a 1
+    "geonorm-r1-a8": ({"norm": "geonorm", "norm.embed_norm": "scalenorm", "norm.a_init": 8.0}, 3e-3),
+    "geonorm-r1-a32": ({"norm": "geonorm", "norm.embed_norm": "scalenorm", "norm.a_init": 32.0}, 3e-3),
+    "geonorm-normin": ({"norm": "geonorm", "norm.sublayer_input": "norm"}, 3e-3),    # Norm(h) into F
+}
+SPHERE_CELLS = [c for c in CELLS if not c.startswith("pre_ln")]
+# (c): shape label -> model overrides (heads keep head_dim 32)
+SHAPES = {"w64": {"model.n_embd": 64, "model.n_head": 2}, "w256": {"model.n_embd": 256, "model.n_head": 8},
+          "d8": {"model.n_layer": 8}, "d16": {"model.n_layer": 16}}
+PARTS = ["grid", "edge", "chaos", "trend", "trend_edge"]
+
+
+def lr_label(lr: float) -> str:
+    return f"{lr:g}"
+
+
+def point(cell: str, lr: float, cells: dict) -> tuple[str, dict]:
+    ovr, _ = cells[cell]
+    return f"{cell}-lr-{lr_label(lr)}", {**ovr, "optim.lr": lr}
+
+
+def cell_of(label: str) -> str:
+    return label.rsplit("-lr-", 1)[0]
+
+
+def around(lr: float) -> list[float]:
+    i = min(range(len(LADDER)), key=lambda k: abs(LADDER[k] / lr - 1))
+    return LADDER[max(i - 1, 0):i + 2]
+
+
+def sweep(args, name: str, points: dict, seeds: str, *extra_overrides: str, jobs: int | None = None) -> None:
+    if not points:
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(points, f, sort_keys=False)
+    cmd = [sys.executable, str(SCRIPTS / "sweep.py"), "--name", name, "--runs-root", str(args.runs_root),
+           "--experiment", args.base_experiment, "--points", f.name, "--jobs", str(jobs or args.jobs), "--seeds", seeds,
+           "--", "train.threads=1", *BASE_FIXED, *extra_overrides, *args.overrides]
+    print("$", " ".join(cmd), flush=True)
+    try:
+        rc = subprocess.run(cmd, check=False).returncode
+    finally:
+        Path(f.name).unlink()
+    if rc != 0:
+        raise SystemExit(f"sweep {name} had failed points (exit {rc}); rerun to resume them")
+
+
+def finished(args, name: str) -> list[runlib.Run]:
+    return [r for r in runlib.load_sweep(args.runs_root / name) if r.finished]
+
+
+def by_cell(runs: list[runlib.Run]) -> dict[str, list[runlib.Run]]:
+    out: dict[str, list] = {}
+    for r in runs:
+        out.setdefault(cell_of(r.base), []).append(r)
+    return out
+
+
+def best_lrs(runs: list[runlib.Run]) -> dict[str, dict]:
+    """cell -> runlib.best_over over optim.lr (the mean over the seeds every lr was run with)."""
+    return runlib.best_over(by_cell(runs), "optim.lr")
+
+
+def edge_points(runs: list[runlib.Run], cells: dict) -> dict:
+    """One more lr beyond each cell's best where that best is the largest or smallest lr tried."""
+    out = {}
+    for cell, b in best_lrs(runs).items():
+        tried = sorted(float(v) for v in b["by_value"])
+        best = float(b["value"])
+        if best not in (tried[0], tried[-1]) or cell not in cells:
+            continue
+        i = LADDER.index(min(LADDER, key=lambda v: abs(v / best - 1)))
+        j = i + 1 if best == tried[-1] else i - 1
+        if 0 <= j < len(LADDER):
+            lbl, ovr = point(cell, LADDER[j], cells)
+            out[lbl] = ovr
+    return out
+
+
+def trend_cells(args) -> dict:
+    """Pre-LN and the best sphere cell of (a) (lowest mean at its best lr), at every shape of SHAPES."""
+    best = best_lrs(finished(args, "step_scale_a"))
+    sphere = [c for c in SPHERE_CELLS if c in best]
+    if "pre_ln" not in best or not sphere:
+        raise SystemExit("trend needs part grid/edge finished for pre_ln and at least one sphere cell")
+    top = min(sphere, key=lambda c: best[c]["by_value"][best[c]["value"]])
+    cells = {}
+    for shape, m in SHAPES.items():
+        for c in ("pre_ln", top):
+            cells[f"{shape}-{c}"] = ({**CELLS[c][0], **m}, float(best[c]["value"]))
+    return cells
+
+
+def run_part(args, part: str) -> None:
+    cells = {c: CELLS[c] for c in args.cells}
+    if part == "grid":
+        pts = dict(point(c, lr, cells) for c, (_, centre) in cells.items() for lr in around(centre))
+        sweep(args, "step_scale_a", pts, SEEDS)
+    elif part == "edge":
+        for _ in range(EDGE_ROUNDS):
+            pts = edge_points(finished(args, "step_scale_a"), cells)
+            if not pts:
+                break
+            sweep(args, "step_scale_a", pts, SEEDS)
+    elif part == "chaos":
+        best = best_lrs(finished(args, "step_scale_a"))
+        pts = {}
+        for c in ["pre_ln", *SPHERE_CELLS]:
+            if c in best and c in cells:
+                lbl, ovr = point(c, float(best[c]["value"]), cells)
+                pts[lbl] = ovr
+        sweep(args, "step_scale_b", pts, "0", "train.threads=2", jobs=max(1, args.jobs // 2))  # 2 threads a run
+    elif part == "trend":
+        tc = trend_cells(args)
+        pts = dict(point(c, lr, tc) for c, (_, centre) in tc.items() for lr in around(centre))
+        sweep(args, "step_scale_c", pts, SEEDS)
+    elif part == "trend_edge":
+        tc = trend_cells(args)
+        for _ in range(EDGE_ROUNDS):
+            pts = edge_points(finished(args, "step_scale_c"), tc)
+            if not pts:
+                break
+            sweep(args, "step_scale_c", pts, SEEDS)
+    else:
+        raise SystemExit(f"unknown part {part!r}: valid parts are {', '.join(PARTS)}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=["all", "run", "report"])
+    ap.add_argument("part", nargs="?", help=f"with run: one of {', '.join(PARTS)}")
+    ap.add_argument("--runs-root", type=Path, default=Path("runs"))
+    ap.add_argument("--docs", type=Path, default=Path("docs"), help="where report writes docs/step_scale/*")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
+    ap.add_argument("--cells", help=f"comma list of cells (default all: {', '.join(CELLS)})")
+    ap.add_argument("--base-experiment", default="fidelity", help="the experiment file every run starts from")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # Hydra overrides for every run follow `--`
+    args = ap.parse_args(argv[:cut])
+    args.overrides = argv[cut + 1:]
+    args.cells = args.cells.split(",") if args.cells else list(CELLS)
+    unknown = [c for c in args.cells if c not in CELLS]
+    if unknown:
+        raise SystemExit(f"unknown --cells {', '.join(unknown)}: valid are {', '.join(CELLS)}")
+    if args.action == "run" and args.part not in PARTS:
+        raise SystemExit(f"run needs a part: one of {', '.join(PARTS)}")
+    parts = PARTS if args.action == "all" else [args.part] if args.action == "run" else []
+    for part in parts:
+        t0 = time.time()
+        try:
+            run_part(args, part)
+        finally:  # wall time per part, added up over resumed invocations (the report prints it)
+            runlib.add_wall_time(args.runs_root / TIMES, part, time.time() - t0)
+        print(f"### part {part}: {time.time() - t0:.0f} s wall", flush=True)
+    if args.action in ("all", "report"):
+        import step_scale_report
+        step_scale_report.report(args.runs_root, args.docs)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
