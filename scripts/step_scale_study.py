@@ -33,10 +33,12 @@ from pathlib import Path
 import yaml
 
 import runlib
+from data.files import atomic_write
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
 TIMES = "step_scale_times.json"
+COMMITS = "step_scale_commits.json"   # part -> the code commits its runs were made with
 LADDER = [1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1]   # half-decade lr steps
 SEEDS = "0,1,2"
 EDGE_ROUNDS = 2
@@ -78,6 +80,28 @@ def cell_of(label: str) -> str:
 def around(lr: float) -> list[float]:
     i = min(range(len(LADDER)), key=lambda k: abs(LADDER[k] / lr - 1))
     return LADDER[max(i - 1, 0):i + 2]
+
+
+def commit() -> str:
+    """The code's commit (with '+dirty' when the tree has changes), recorded beside every part."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def record_commit(root: Path, part: str) -> None:
+    path = root / COMMITS
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    c = commit()
+    if c not in done.setdefault(part, []):
+        done[part].append(c)
+    root.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps(done, indent=1) + "\n")
 
 
 def sweep(args, name: str, points: dict, seeds: str, *extra_overrides: str, jobs: int | None = None) -> None:
@@ -199,6 +223,7 @@ def main(argv=None) -> int:
     parts = PARTS if args.action == "all" else [args.part] if args.action == "run" else []
     for part in parts:
         t0 = time.time()
+        record_commit(args.runs_root, part)
         try:
             run_part(args, part)
         finally:  # wall time per part, added up over resumed invocations (the report prints it)
