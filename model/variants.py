@@ -307,7 +307,8 @@ class SpheretNorm(_SphereVariant):
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         self.p = cfg.p
-        rho0 = math.log(math.expm1(cfg.alpha_init))  # inverse softplus: softplus(rho0) = alpha_init
+        a = cfg.alpha_init  # inverse softplus, softplus(rho0) = a; the second form does not overflow for large a
+        rho0 = math.log(math.expm1(a)) if a < 700 else a + math.log1p(-math.exp(-a))
         self.rho = nn.Parameter(torch.tensor(rho0))
 
     def angle_params(self):

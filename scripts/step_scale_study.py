@@ -34,6 +34,7 @@ import yaml
 
 import runlib
 from data.files import atomic_write
+from trainer.loop import code_commit
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
@@ -82,22 +83,10 @@ def around(lr: float) -> list[float]:
     return LADDER[max(i - 1, 0):i + 2]
 
 
-def commit() -> str:
-    """The code's commit (with '+dirty' when the tree has changes), recorded beside every part."""
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                               capture_output=True, text=True).stdout.strip()
-        return head + ("+dirty" if dirty else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def record_commit(root: Path, part: str) -> None:
     path = root / COMMITS
     done = json.loads(path.read_text()) if path.is_file() else {}
-    c = commit()
+    c = code_commit() or "unknown"
     if c not in done.setdefault(part, []):
         done[part].append(c)
     root.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,22 @@ log = logging.getLogger("nanonorm.train")
 _FLAG_BASE = 2.0 ** 52  # stop-flag encoding: max over ranks of (_FLAG_BASE - step) is the earliest step
 
 
+def code_commit() -> Optional[str]:
+    """The git commit of this checkout ('+dirty' if tracked files changed), for the summary record;
+    None outside a git checkout. Once per run, at its end."""
+    import subprocess
+
+    repo = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "")
+
+
 def rank_seed(seed: int, rank: int) -> int:
     """Per-rank seed (dropout etc.); rank 0 keeps `seed`, so 1 process == rank 0 of many."""
     return (seed + 1_000_003 * rank) % (2**31)
@@ -627,7 +643,8 @@ class Trainer:
                    "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
                    "spikes_loss": self.spike_loss.count, "spikes_grad_norm": self.spike_gn.count,
                    "skipped_steps": int(self.skipped.item()), "diverged": bool(result["diverged"]),
-                   "steps": self.step, "norm": self.mcfg.norm, "seed": self.train_cfg.seed}
+                   "steps": self.step, "norm": self.mcfg.norm, "seed": self.train_cfg.seed,
+                   "wall_s": time.perf_counter() - self._wall0, "commit": code_commit()}
             self.emit(rec)
             result["summary"] = rec
             if self.log_cfg.console:
