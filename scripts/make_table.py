@@ -10,10 +10,16 @@ setting of scripts/paper_results.yaml. Failed runs (diverged: summary.diverged o
 loss; or a final validation loss above the initial one) are counted and left out of the mean;
 unfinished runs use their last eval and are marked.
 
+Statistics (common/stats.py, scipy): each row gives its per-seed values, mean ± std and the t-based
+95% interval of the mean; the last column compares the row with the best row by Welch's test and says
+"ahead" only where p < 0.05, else "not separated". The code commits of the runs close the table.
+
 --best-over KEY (any swept config key, e.g. optim.lr after `sweep.py --grid optim.lr=...`): one row
 per variant (the sweep label without that axis) at its best value of KEY, by mean final validation
 loss over the seeds every value was run with; the row shows the chosen value, the mean ± std over
-all seeds at it, and each value's mean beside it.
+all seeds at it, and each value's mean beside it. A best value at the edge of what was tried is
+marked (edge) and its row is not ranked: the optimum may lie beyond it, so run one more value first.
+A choice made on fewer seeds than the row has is marked too (run every seed at every value).
 """
 from __future__ import annotations
 
@@ -24,6 +30,7 @@ import sys
 from pathlib import Path
 
 import runlib
+from common.stats import summarize, verdict
 from data.files import atomic_write
 
 
@@ -46,8 +53,11 @@ def build_rows(groups: dict[str, list[runlib.Run]], paper: dict | None) -> list[
         ok = [r for r in runs if not r.failed and r.final_val_loss is not None]
         loss_m, loss_s = mean_std([r.final_val_loss for r in ok])
         ppl_m, ppl_s = mean_std([r.final_val_ppl for r in ok])
+        summary = summarize([r.final_val_loss for r in ok])
         rows.append({
             "label": label, "n": len(runs), "seeds": [r.seed for r in runs],
+            "values": list(summary.values), "ci": (summary.lo, summary.hi),
+            "commits": sorted({str((r.summary or {}).get("commit") or "unrecorded") for r in runs}),
             "loss_mean": loss_m, "loss_std": loss_s, "ppl_mean": ppl_m, "ppl_std": ppl_s,
             "spikes_loss": sum(r.spike_count("loss") for r in runs),
             "spikes_grad_norm": sum(r.spike_count("grad_norm") for r in runs),
@@ -79,10 +89,16 @@ def _cells(row: dict, paper: dict | None, pm: str, dagger: str) -> list[str]:
         ppl = _num(row["ppl_mean"], row["ppl_std"], 2, pm) + mark
     div = f"{row['diverged']}/{row['n']}" if row["n"] else "—"
     fail = f"{row['failed']}/{row['n']}" if row["n"] else "—"
-    cells = [row["label"], str(row["n"]), loss, ppl,
-             f"{row['spikes_loss']} / {row['spikes_grad_norm']}" if row["n"] else "—", div, fail]
+    lo, hi = row.get("ci", (None, None))
+    per_seed = ", ".join(f"{v:.4f}" for v in row.get("values", [])) or "—"
+    cells = [row["label"], str(row["n"]), loss, per_seed, "—" if lo is None else f"[{lo:.4f}, {hi:.4f}]", ppl,
+             f"{row['spikes_loss']} / {row['spikes_grad_norm']}" if row["n"] else "—", div, fail,
+             row.get("vs_best", "—")]
     if "best_value" in row:
-        cells[1:1] = ["—" if row["best_value"] is None else _fmt_value(row["best_value"]),
+        best = "—" if row["best_value"] is None else _fmt_value(row["best_value"])
+        best += " (edge)" if row.get("edge") else ""
+        best += f" (chosen on {row['chosen_on']} of {row['n']} seeds)" if row.get("chosen_on", row["n"]) < row["n"] else ""
+        cells[1:1] = [best,
                       ", ".join(f"{_fmt_value(v)}: " + ("failed" if not math.isfinite(x) else f"{x:.4f}")
                                 for v, x in sorted(row["by_value"].items(), key=lambda kv: _sort_key(kv[0])))]
     if paper is not None:
@@ -93,6 +109,21 @@ def _cells(row: dict, paper: dict | None, pm: str, dagger: str) -> list[str]:
             text = f"{text} ({row['paper_note']})" if text else row["paper_note"]
         cells.append(text or "—")
     return cells
+
+
+def add_comparisons(rows: list[dict]) -> None:
+    """row["vs_best"]: the row against the best rankable row (lowest mean; not at a grid edge), by Welch's test."""
+    rankable = [r for r in rows if r["loss_mean"] is not None and not r.get("edge")]
+    top = min(rankable, key=lambda r: r["loss_mean"], default=None)
+    for r in rows:
+        if r["loss_mean"] is None:
+            r["vs_best"] = "—"
+        elif r.get("edge"):
+            r["vs_best"] = "not ranked: best at the grid edge"
+        elif r is top:
+            r["vs_best"] = "best"
+        else:
+            r["vs_best"] = verdict(r["values"], top["values"], r["label"], top["label"])
 
 
 def _fmt_value(v) -> str:
@@ -114,11 +145,20 @@ def best_rows(runs: list[runlib.Run], key: str, order: list[str], paper: dict | 
     for row in rows:  # rows of paper variants we did not run have no best value
         b = best.get(row["label"], {})
         row["best_value"], row["by_value"] = b.get("value"), b.get("by_value", {})
+        row["edge"] = at_edge(row["best_value"], row["by_value"])
+        row["chosen_on"] = b.get("common_seeds", row["n"])
     return rows
 
 
+def at_edge(value, by_value: dict) -> bool:
+    """A numeric best value that is the largest or smallest of at least two values tried."""
+    nums = [v for v in by_value if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    return value is not None and len(nums) >= 2 and value in (min(nums), max(nums))
+
+
 def _header(paper: dict | None, best_over: str | None = None) -> list[str]:
-    h = ["variant", "seeds", "final val loss", "val ppl", "spikes loss / grad", "diverged", "failed"]
+    h = ["variant", "seeds", "final val loss", "per seed", "95% CI", "val ppl", "spikes loss / grad", "diverged",
+         "failed", "vs best (Welch)"]
     if best_over:
         h[1:1] = [f"best {best_over}", f"{best_over}: mean loss (common seeds)"]
     if paper is not None:
@@ -127,8 +167,15 @@ def _header(paper: dict | None, best_over: str | None = None) -> list[str]:
 
 
 def _footnotes(rows: list[dict], paper: dict | None, setting: str | None) -> list[str]:
-    notes = ["mean ± std over seeds (std needs ≥ 2 seeds); spikes summed over seeds. "
-             "failed = diverged, or final val loss above the initial one."]
+    notes = ["mean ± std over seeds (std needs ≥ 2 seeds); 95% CI: t interval of the mean; spikes summed over seeds. "
+             "failed = diverged, or final val loss above the initial one.",
+             "vs best: Welch's t-test against the best row; 'ahead' only where p < 0.05, else 'not separated'."]
+    if any(r.get("edge") for r in rows):
+        notes.append("(edge): the best value is at the edge of what was tried; the row is not ranked until one "
+                     "more value beyond it has run.")
+    commits = sorted({c for r in rows for c in r.get("commits", [])})
+    if commits:
+        notes.append("code commit of the runs: " + ", ".join(commits) + ".")
     if any(r["failed"] and r["loss_mean"] is not None for r in rows):
         notes.append("† some seeds failed; the mean is over the others.")
     if any(r["unfinished"] for r in rows):
@@ -190,6 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = best_rows(runs, args.best_over, runlib.label_order(meta), paper)
     else:
         rows = build_rows(runlib.group_runs(runs, runlib.label_order(meta)), paper)
+    add_comparisons(rows)
     title = args.title or meta.get("name")
 
     outputs = []

@@ -250,7 +250,8 @@ def best_over(groups: dict[str, list[Run]], key: str) -> dict[str, dict]:
             return sum(xs) / len(xs) if xs else math.inf
         scores = {v: score(rs) for v, rs in by_val.items()}
         best = min(scores, key=lambda v: (scores[v], str(v)))
-        out[label] = {"value": best, "runs": by_val[best], "by_value": scores}
+        out[label] = {"value": best, "runs": by_val[best], "by_value": scores,
+                      "common_seeds": len(common) if common else len(by_val[best])}
     return out
 
 

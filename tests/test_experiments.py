@@ -472,8 +472,26 @@ def test_best_over_picks_each_variants_best_value(tmp_path: Path, capsys) -> Non
     assert make_table.main([str(root), "--best-over", "optim.lr"]) == 0
     md = capsys.readouterr().out
     line = next(ln for ln in md.splitlines() if ln.startswith("| pre_ln"))
-    assert "| 0.001 |" in line and "0.001: 3.0500, 0.003: 3.3500" in line and "3.1500 ± 0.1000" in line
+    assert "0.001: 3.0500, 0.003: 3.3500" in line and "3.1500 ± 0.1000" in line
+    # 1e-3 is the smallest lr tried and was chosen on seed 0 alone: both are said, and the row is not ranked
+    assert "| 0.001 (edge) (chosen on 1 of 3 seeds) |" in line and "not ranked: best at the grid edge" in line
+    assert "| 3.0500, 3.2500, 3.1500 |" in line   # per-seed values
+    half = 4.302652729911275 * 0.1 / math.sqrt(3)  # t(0.975, 2) * std / sqrt(3)
+    assert f"[{3.15 - half:.4f}, {3.15 + half:.4f}]" in line
+    assert "(edge): the best value is at the edge" in md and "code commit of the runs: unrecorded." in md
 
+
+def test_table_says_ahead_only_where_welch_separates(tmp_path: Path, capsys) -> None:
+    for seed, (a, b, c) in enumerate([(3.00, 3.50, 3.10), (3.01, 3.52, 2.80), (2.99, 3.49, 3.30)]):
+        make_run(tmp_path / f"pre_ln-s{seed}", "pre_ln", seed, a)
+        make_run(tmp_path / f"post_ln-s{seed}", "post_ln", seed, b)
+        make_run(tmp_path / f"geonorm-s{seed}", "geonorm", seed, c)
+    assert make_table.main([str(tmp_path), "--paper-setting", "none"]) == 0
+    md = capsys.readouterr().out
+    row = {ln.split("|")[1].strip(): ln for ln in md.splitlines() if ln.startswith("| ")}
+    assert row["pre_ln"].rstrip().endswith("| best |")
+    assert "pre_ln ahead (p=" in row["post_ln"]          # 0.5 apart, tiny spread
+    assert "not separated (p=" in row["geonorm"]          # as far as its seed spread
 
 def test_run_above_its_initial_loss_is_marked_failed(tmp_path: Path, capsys) -> None:
     good = make_run(tmp_path / "r" / "pre_ln-s0", "pre_ln", 0, 3.0)
