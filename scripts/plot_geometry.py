@@ -1,0 +1,100 @@
+"""The residual stream's geometry over training, by depth: one column of panels per run.
+
+    python scripts/plot_geometry.py RUN_DIR [RUN_DIR ...] --out docs/step_scale/geometry.png [--title T]
+
+Rows: the effective rotation angle(h_j, h_{j+1}) of every sublayer j (radians, log scale), the relative
+update ||h_{j+1} - h_j|| / ||h_j||, and the gradient reaching each depth ||dL/dh_j||, against tokens,
+from the run's `stats` records (model/geometry.py; step 0 is the initialised model). One line per
+depth, in the run's variant colour from light (first sublayer) to dark (last).
+"""
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.colors as mcolors  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+
+import runlib  # noqa: E402
+from data.files import atomic_open  # noqa: E402
+from plot_curves import OTHER_COLORS, VARIANT_COLORS  # noqa: E402
+
+ROWS = [("geo/angle", "effective angle (rad)", True), ("geo/rel_update", "‖Δh‖ / ‖h‖", True),
+        ("geo/grad", "‖dL/dh_j‖", True)]
+
+
+def depth_series(stats: list[dict], prefix: str) -> dict[int, tuple[list, list]]:
+    """j -> (tokens, values) for every key `prefix/j` in the stats records."""
+    pat = re.compile(re.escape(prefix) + r"/(\d+)$")
+    out: dict[int, tuple[list, list]] = {}
+    for rec in stats:
+        for k, v in rec.items():
+            m = pat.match(k)
+            if m and v is not None:
+                xs, ys = out.setdefault(int(m.group(1)), ([], []))
+                xs.append(rec["tokens"])
+                ys.append(v)
+    return dict(sorted(out.items()))
+
+
+def shades(color, n: int) -> list:
+    """n shades of `color`, from pale (first sublayer) to the full colour (last)."""
+    rgb = mcolors.to_rgb(color)
+    ts = [0.3 + 0.7 * i / max(n - 1, 1) for i in range(n)]
+    return [tuple(1 - t * (1 - c) for c in rgb) for t in ts]
+
+
+def plot(runs: list[runlib.Run], out: Path, title: str | None = None) -> None:
+    fig, axes = plt.subplots(len(ROWS), len(runs), figsize=(3.4 * len(runs), 2.6 * len(ROWS)), squeeze=False,
+                             sharex="col")
+    for c, run in enumerate(runs):
+        norm = runlib.get_key(run.config, "norm.name")
+        color = VARIANT_COLORS.get(norm, OTHER_COLORS[c % len(OTHER_COLORS)])
+        for r, (prefix, ylabel, logy) in enumerate(ROWS):
+            ax = axes[r][c]
+            series = depth_series(run.stats, prefix)
+            for (j, (xs, ys)), col in zip(series.items(), shades(color, len(series))):
+                ax.plot(xs, ys, color=col, lw=1.2, label=f"j={j}" if c == 0 or r == 0 else None)
+            if logy and series:
+                ax.set_yscale("log")
+            if r == 0:
+                ax.set_title(f"{run.label} (seed {run.seed})", fontsize=9)
+            if c == 0:
+                ax.set_ylabel(ylabel)
+            if r == len(ROWS) - 1:
+                ax.set_xlabel("tokens")
+            ax.grid(alpha=0.3)
+        if depth_series(run.stats, ROWS[0][0]):
+            axes[0][c].legend(fontsize=6, ncol=2, title="sublayer", title_fontsize=6)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(out, "wb") as f:
+        fig.savefig(f, dpi=110, format="png")
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs", nargs="+", help="run directories (each with metrics.jsonl)")
+    ap.add_argument("--out", required=True, help="the figure (.png)")
+    ap.add_argument("--title")
+    args = ap.parse_args(argv)
+    runs = [runlib.load_run(p) for p in runlib.find_runs(args.runs)]
+    missing = [str(r.path) for r in runs if not depth_series(r.stats, "geo/angle")]
+    if missing:
+        raise SystemExit(f"no geometry stats (geo/angle/*) in {', '.join(missing)}: runs from before the "
+                         "instruments, or logging.stats_interval longer than the run")
+    plot(runs, Path(args.out), args.title)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
