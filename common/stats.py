@@ -48,7 +48,7 @@ def summarize(values: Sequence[float], confidence: float = 0.95) -> Summary:
 
     std = statistics.stdev(xs)
     half = stats.t.ppf(0.5 + confidence / 2, len(xs) - 1) * std / math.sqrt(len(xs))
-    return Summary(len(xs), mean, std, mean - half, mean + half, xs)
+    return Summary(len(xs), mean, std, float(mean - half), float(mean + half), xs)
 
 
 def welch_p(a: Sequence[float], b: Sequence[float]) -> Optional[float]:
@@ -111,3 +111,19 @@ def bootstrap_slope(n_by_point: Sequence[float], losses_by_point: Sequence[Seque
         draws.append(power_law_fit(n_by_point, resampled)[1])
     q = (1 - confidence) / 2
     return b, float(np.quantile(draws, q)), float(np.quantile(draws, 1 - q))
+
+
+def diff_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[float, Optional[float], Optional[float]]:
+    """mean(a) - mean(b) and its Welch-Satterthwaite t interval (None below 2 values a side)."""
+    d = statistics.fmean(a) - statistics.fmean(b)
+    if len(a) < 2 or len(b) < 2:
+        return d, None, None
+    from scipy import stats
+
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return d, d, d
+    dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    half = stats.t.ppf(0.5 + confidence / 2, dof) * se
+    return d, float(d - half), float(d + half)

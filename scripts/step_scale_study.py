@@ -13,8 +13,9 @@ Setting: configs/experiment/fidelity.yaml (tiny 4 x 128, byte tokenizer, offline
   grid        each cell (CELLS) at three lrs of LADDER around its start (CENTER), seeds 0, 1, 2;
   edge        where a cell's best lr (by the mean over its seeds) is the largest or smallest tried: one
               more lr beyond it, 3 seeds; repeated (at most EDGE_ROUNDS times) until the best is inside;
-  chaos       the best point of Pre-LN and of the best sphere cells, seed 0 rerun with train.threads=2
-              (only the floating-point order of the CPU kernels changes);
+  chaos       the best point of Pre-LN, of 1-SpheretNorm as published and of the best cell of each sphere
+              variant, seed 0 rerun with train.threads=2 (only the floating-point order of the CPU kernels
+              changes);
   trend       Pre-LN and the best sphere cell at widths 64 / 256 (depth 4) and depths 8 / 16 (width 128),
               each at three lrs around its best in (a), 3 seeds; trend_edge brackets them as edge does.
 Two runs at a time with one thread each (`--jobs`), resumable: finished runs are skipped, and each
@@ -60,8 +61,8 @@ CELLS = {
 }
 SPHERE_CELLS = [c for c in CELLS if not c.startswith("pre_ln")]
 # (c): shape label -> model overrides (heads keep head_dim 32)
-SHAPES = {"w64": {"model.n_embd": 64, "model.n_head": 2}, "w256": {"model.n_embd": 256, "model.n_head": 8},
-          "d8": {"model.n_layer": 8}, "d16": {"model.n_layer": 16}}
+SHAPES = {"w64": {"model.n_embd": 64, "model.n_head": 2}, "d8": {"model.n_layer": 8},
+          "w256": {"model.n_embd": 256, "model.n_head": 8}, "d16": {"model.n_layer": 16}}   # cheapest first
 PARTS = ["grid", "edge", "chaos", "trend", "trend_edge"]
 
 
@@ -142,13 +143,30 @@ def edge_points(runs: list[runlib.Run], cells: dict) -> dict:
     return out
 
 
+def _mean_at_best(b: dict) -> float:
+    return b["by_value"][b["value"]]
+
+
+def chaos_cells(best: dict) -> list[str]:
+    """Pre-LN, 1-SpheretNorm as published (alpha 1: its spread is the question) and the best cell of
+    each sphere variant (lowest mean at its best lr)."""
+    out = [c for c in ("pre_ln", "proj_spheret") if c in best]
+    for family in ("proj_spheret", "geonorm"):
+        members = [c for c in SPHERE_CELLS if c.startswith(family) and c in best]
+        if members:
+            top = min(members, key=lambda c: _mean_at_best(best[c]))
+            if top not in out:
+                out.append(top)
+    return out
+
+
 def trend_cells(args) -> dict:
     """Pre-LN and the best sphere cell of (a) (lowest mean at its best lr), at every shape of SHAPES."""
     best = best_lrs(finished(args, "step_scale_a"))
     sphere = [c for c in SPHERE_CELLS if c in best]
     if "pre_ln" not in best or not sphere:
         raise SystemExit("trend needs part grid/edge finished for pre_ln and at least one sphere cell")
-    top = min(sphere, key=lambda c: best[c]["by_value"][best[c]["value"]])
+    top = min(sphere, key=lambda c: _mean_at_best(best[c]))
     cells = {}
     for shape, m in SHAPES.items():
         for c in ("pre_ln", top):
@@ -170,8 +188,8 @@ def run_part(args, part: str) -> None:
     elif part == "chaos":
         best = best_lrs(finished(args, "step_scale_a"))
         pts = {}
-        for c in ["pre_ln", *SPHERE_CELLS]:
-            if c in best and c in cells:
+        for c in chaos_cells(best):
+            if c in cells:
                 lbl, ovr = point(c, float(best[c]["value"]), cells)
                 pts[lbl] = ovr
         sweep(args, "step_scale_b", pts, "0", "train.threads=2", jobs=max(1, args.jobs // 2))  # 2 threads a run

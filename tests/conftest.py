@@ -40,3 +40,25 @@ def pydocs(tmp_path_factory):
     out_dir = prepare_dataset(config, progress=False)
     yield PreparedCorpus(root, config, out_dir, set(sys.modules) - before)
     mp.undo()
+
+
+def _load_script(name: str):
+    """Import scripts/<name>.py as the module `name`, as `python scripts/<name>.py` sees it (the scripts
+    import each other, e.g. `runlib`, by bare name); each module once per session."""
+    import importlib.util
+    from pathlib import Path
+
+    if name in sys.modules:
+        return sys.modules[name]
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """`load_script("make_table")`: a script of scripts/ as a module."""
+    return _load_script

@@ -236,3 +236,12 @@ def test_power_law_fit_and_bootstrap_slope():
     noisy = [[x * (1 + e) for e in (-0.002, 0.0, 0.002)] for x in loss]
     b, lo, hi = bootstrap_slope(n, noisy, n_resamples=200)
     assert lo <= 0.1 <= hi and hi - lo < 0.01
+
+
+def test_difference_interval_matches_welch():
+    from common.stats import diff_ci
+    a, b = [1.0, 2.0, 3.0], [2.0, 3.0, 4.5]
+    d, lo, hi = diff_ci(a, b)
+    assert d == pytest.approx(-7 / 6) and lo < 0 < hi        # p = 0.28: the interval holds 0
+    d, lo, hi = diff_ci([1.0, 1.01, 0.99], [2.0, 2.02, 1.98])
+    assert hi < 0                                             # separated: the interval excludes 0
