@@ -127,3 +127,11 @@ def diff_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) ->
     dof = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
     half = stats.t.ppf(0.5 + confidence / 2, dof) * se
     return d, float(d - half), float(d + half)
+
+
+def welch_p_from_summary(mean_a: float, std_a: float, n_a: int, mean_b: float, std_b: float, n_b: int) -> float:
+    """Welch's p-value from published mean ± std over n seeds (scipy.stats.ttest_ind_from_stats), for
+    tables whose per-seed values were not kept."""
+    from scipy import stats
+
+    return float(stats.ttest_ind_from_stats(mean_a, std_a, n_a, mean_b, std_b, n_b, equal_var=False).pvalue)
