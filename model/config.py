@@ -67,6 +67,7 @@ class GPTConfig:
     alpha_init: float = 1.0              # SpheretNorm: softplus(rho) at init
     a_init: float = 1.0                  # GeoNorm: a at init
     sublayer_input: str = "raw"          # sphere family: F reads the raw stream h (raw) or Norm(h) (norm)
+    target_angle: Optional[float] = None # sphere family: initial step sizes set so the mean angle at init is this (rad); null: alpha_init / a_init
 
     def __post_init__(self) -> None:
         variant = get_variant(self.norm)  # raises ConfigError listing the valid names
@@ -79,6 +80,10 @@ class GPTConfig:
             raise ConfigError(f"bad config norm.sublayer_input={self.sublayer_input!r}: only the sphere family "
                               f"(geonorm, spheret, proj_spheret, cay_spheret) reads it; norm.name={self.norm} "
                               "already gives its sublayers a normalized input or none")
+        if self.target_angle is not None and not variant.supports_target_angle:
+            raise ConfigError(f"bad config norm.target_angle={self.target_angle!r}: only the sphere family "
+                              f"(geonorm, spheret, proj_spheret, cay_spheret) has initial step sizes to set; "
+                              f"norm.name={self.norm}")
         self.p = float(variant.fixed_p or (1.0 if self.p is None else self.p))
         if self.decay is None:
             self.decay = variant.default_decay
@@ -120,6 +125,12 @@ class GPTConfig:
             bad("norm.a_init", self.a_init, "must be a finite number")
         if not (self.norm_eps >= 0):
             bad("norm.eps", self.norm_eps, "must be >= 0")
+        if self.target_angle is not None:
+            bound = self.geonorm_clamp if self.norm == "geonorm" else self.p * math.pi / 2
+            if not (isinstance(self.target_angle, (int, float)) and not isinstance(self.target_angle, bool)
+                    and 0 < self.target_angle < bound):
+                bad("norm.target_angle", self.target_angle, f"must be a number in (0, {bound:.4g}) rad (the rule's "
+                    "bound), or null")
         if self.sublayer_input not in SUBLAYER_INPUTS:
             bad("norm.sublayer_input", self.sublayer_input, f"valid: {', '.join(SUBLAYER_INPUTS)}")
         INITS[self.init]  # an unknown scheme: one line listing the valid ones
@@ -204,7 +215,8 @@ NORM_KEYS = {"name": "norm", "kind": "norm_kind", "eps": "norm_eps", "decay": "d
              "first_layer": "keel_first_layer", "alpha_attn": "dyt_alpha_attn",
              "alpha_other": "dyt_alpha_other", "deepnorm_init": "deepnorm_init",
              "learn_radius": "learn_radius", "decay_index": "decay_index", "alpha_init": "alpha_init",
-             "a_init": "a_init", "sublayer_input": "sublayer_input"}
+             "a_init": "a_init", "sublayer_input": "sublayer_input",
+             "target_angle": "target_angle"}
 MODEL_GROUP_KEYS = tuple(f.name for f in fields(ModelGroup))
 # Hydra `model.*` keys that are GPTConfig fields: the shape and architecture axes.
 MODEL_KEYS = {f.name: f.name for f in fields(GPTConfig) if f.name not in {*NORM_KEYS.values(), *MODEL_GROUP_KEYS}}

@@ -180,6 +180,8 @@ class GPT(nn.Module):
 
         initialise(self, config)                            # `model.init` (model/init.py)
         variant.init_weights(self)
+        if config.target_angle is not None:                 # `norm.target_angle`: step-0 calibration
+            variant.calibrate(self, config.target_angle)
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 return_hidden: bool = False, kv_cache: Optional[KVCache] = None, last_only: bool = False,

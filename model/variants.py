@@ -72,6 +72,13 @@ class Variant(nn.Module):
         """Learned step-size scalars, for the training monitor."""
         return {}
 
+    supports_target_angle = False  # True where `norm.target_angle` can set the initial step sizes
+
+    @classmethod
+    def calibrate(cls, model: nn.Module, target: float) -> None:
+        """Set the initial step-size scalars so that the mean rotation at init equals `target` (rad)."""
+        raise NotImplementedError
+
     # ---- hooks beyond the residual stream (docs/variants.md, "Variant interface"); None / no-op by default ----
     # A variant that changes the inside of a sublayer, the logits or the optimizer step says so here,
     # and the model and trainer call these hooks without knowing which variant they serve.
@@ -242,6 +249,7 @@ class _SphereVariant(Variant):
         # `norm.sublayer_input=norm`: F reads Norm(h) instead of the raw stream (the papers feed h;
         # default raw, our reading). The rotation still acts on the raw h.
         self.in_norm = make_norm(cfg) if cfg.sublayer_input == "norm" else None
+        self._record_r: Optional[list] = None    # calibrate() collects the raw steps r here
 
     def angle(self, r: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
         """Rotation angle from r = ||v||/||h|| and the learnable scalars `params`."""
@@ -254,9 +262,47 @@ class _SphereVariant(Variant):
         """The largest angle the rule can produce (the monitor reports the share of tokens near it)."""
         return math.inf
 
+    supports_target_angle = True
+
+    def scale_for(self, r: torch.Tensor, target: float) -> float:
+        """The initial step-size value that turns tokens with raw step r = ||v||/||h|| (the mean over a
+        batch) by `target` on average; the variant's inverse of its angle rule."""
+        raise NotImplementedError
+
+    def set_initial_scale(self, value: float) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    @torch.no_grad()
+    def calibrate(cls, model, target):
+        """`norm.target_angle`: sublayer by sublayer (each sees the ones before it calibrated), measure
+        the raw step r on a fixed batch of random tokens (its own generator: the model's RNG stream is
+        untouched) and set the initial scalar so that the mean angle is `target`. A rule, not a
+        constant: it holds at any width and depth (docs/variants.md, "Switches for open choices")."""
+        cfg = model.config
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, cfg.vocab_size, (4, min(cfg.block_size, 64)), generator=g,
+                          device=model.wte.weight.device)
+        was_training = model.training
+        model.eval()
+        for rule in model.rules():
+            rule.set_initial_scale(1.0)
+        for rule in model.rules():
+            seen = []
+            rule._record_r = seen
+            model(x)
+            rule._record_r = None
+            rule.set_initial_scale(rule.scale_for(seen[0], target))  # from the mean raw step over the batch
+        model.train(was_training)
+
     def forward(self, h, f):
         s = f(h if self.in_norm is None else self.in_norm(h))
-        h_new, theta = sphere_update(h, s, self.angle, self.angle_params())
+        angle = self.angle
+        if self._record_r is not None:
+            def angle(r, *params):
+                self._record_r.append(r.detach().float().mean().item())
+                return self.angle(r, *params)
+        h_new, theta = sphere_update(h, s, angle, self.angle_params())
         if self.track:
             self.last_theta = theta.detach()
         return h_new
@@ -283,6 +329,13 @@ class GeoNorm(_SphereVariant):
 
     def angle_bound(self):
         return self.clamp
+
+    def scale_for(self, r, target):
+        # theta = min(c, a * min(c, r) * lambda) at b = 0: a = target / (lambda r), the target below c
+        return target / (self.lam * min(self.clamp, r))
+
+    def set_initial_scale(self, value):
+        self.a.fill_(value)
 
     def angle(self, r, a, b):
         theta0 = r.clamp(max=self.clamp)                           # clamp before decay
@@ -316,6 +369,14 @@ class SpheretNorm(_SphereVariant):
 
     def angle_bound(self):
         return self.p * math.pi / 2  # p atan(beta/p) < p pi/2; inf for the exponential map
+
+    def scale_for(self, r, target):
+        # theta = p atan(alpha lambda r / p): alpha = p tan(target / p) / (lambda r); target / (lambda r) at p = inf
+        beta = target if math.isinf(self.p) else self.p * math.tan(target / self.p)
+        return beta / (self.lam * r)
+
+    def set_initial_scale(self, value):
+        self.rho.fill_(math.log(math.expm1(value)) if value < 700 else value + math.log1p(-math.exp(-value)))
 
     def angle(self, r, rho):
         return spheret_angle(F.softplus(rho) * self.lam * r, self.p)

@@ -245,3 +245,28 @@ def test_difference_interval_matches_welch():
     assert d == pytest.approx(-7 / 6) and lo < 0 < hi        # p = 0.28: the interval holds 0
     d, lo, hi = diff_ci([1.0, 1.01, 0.99], [2.0, 2.02, 1.98])
     assert hi < 0                                             # separated: the interval excludes 0
+
+
+@pytest.mark.parametrize("norm", ["proj_spheret", "cay_spheret", "geonorm"])
+@pytest.mark.parametrize("d,n_layer", [(32, 2), (128, 4)])
+def test_target_angle_calibrates_the_first_rotations_at_any_width(norm, d, n_layer):
+    torch.manual_seed(0)
+    m = GPT(GPTConfig(vocab_size=V, block_size=32, n_layer=n_layer, n_head=2, n_embd=d, norm=norm,
+                      target_angle=0.2)).eval()
+    x = torch.randint(0, V, (4, 32), generator=torch.Generator().manual_seed(5))  # not the calibration batch
+    geo = stream_geometry(m, x)
+    angles = [geo[f"geo/angle/{j}"].item() for j in range(2 * n_layer)]
+    assert sum(angles) / len(angles) == pytest.approx(0.2, rel=0.1)
+    assert all(0.1 < a < 0.3 for a in angles)
+    plain = stream_geometry(build(norm, n_layer=n_layer, n_embd=d, block_size=32).eval(), x)
+    assert plain["geo/angle/0"].item() < 0.05                 # without it the first rotations are tiny
+
+
+def test_target_angle_leaves_the_init_rng_and_other_weights_alone():
+    a, b = build("proj_spheret"), build("proj_spheret", target_angle=0.2)
+    for (name, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(p, q) == (not name.endswith("rho")), name
+    with pytest.raises(ConfigError, match="norm.target_angle=0.2: only the sphere family"):
+        build("pre_ln", target_angle=0.2)
+    with pytest.raises(ConfigError, match=r"norm.target_angle=2.0: must be a number in \(0, 0.7854\)"):
+        build("geonorm", target_angle=2.0)
