@@ -58,7 +58,13 @@ def sample(args) -> int:
         raise ConfigError(f"--threads={args.threads}: must be >= 1")
     if precision_name(args.dtype) is None:
         raise ConfigError(f"--dtype={args.dtype}: valid: {', '.join(PRECISION_CHOICES)}")
-    prompt = Path(args.prompt_file).read_text() if args.prompt_file else args.prompt
+    prompt = args.prompt
+    if args.prompt_file:
+        try:
+            prompt = Path(args.prompt_file).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"--prompt-file {args.prompt_file}: cannot read it ({type(e).__name__}: "
+                              f"{getattr(e, 'strerror', None) or e}); give a UTF-8 text file") from None
     ckpt_path = resolve_checkpoint(args.path)
     rt = setup(args.device, args.dtype)
     _, before = set_cpu_threads(args.threads, rt.device)

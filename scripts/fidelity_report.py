@@ -410,3 +410,10 @@ def report(root: Path, docs: Path) -> None:
         lines += [f"Parts not run yet: {', '.join(missing)}.", ""]
     atomic_write(out / "tables.md", "\n".join(lines).rstrip() + "\n")
     print(f"wrote {out / 'tables.md'} and the figures beside it")
+
+
+if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
+    import sys
+
+    print(f"usage: scripts/fidelity_report.py is imported by fidelity_study.py (python scripts/fidelity_study.py report); it is not a command", file=sys.stderr)
+    sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

@@ -311,3 +311,10 @@ def add_wall_time(path: Path, part: str, seconds: float) -> None:
     times[part] = times.get(part, 0.0) + seconds
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(times, indent=1) + "\n")
+
+
+if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
+    import sys
+
+    print(f"usage: scripts/runlib.py is imported by plot_curves.py, make_table.py and the study scripts; it is not a command", file=sys.stderr)
+    sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

@@ -293,3 +293,10 @@ def report(root: Path, docs: Path) -> None:
         figures(out, rows, order)
     trend_figure(out, fit, n_params)
     print(f"wrote {out / 'tables.md'}")
+
+
+if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
+    import sys
+
+    print(f"usage: scripts/step_scale_report.py is imported by step_scale_study.py (python scripts/step_scale_study.py report); it is not a command", file=sys.stderr)
+    sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

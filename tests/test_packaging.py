@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 try:
     import tomllib
@@ -60,3 +63,11 @@ def test_no_file_edits_sys_path_or_points_outside_the_repository():
             for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1)
             for what, rx in forbidden.items() if rx.search(line)]
     assert not hits, "\n".join(hits)
+
+
+@pytest.mark.parametrize("name", ["runlib", "fidelity_report", "step_scale_report"])
+def test_library_modules_of_scripts_say_they_are_not_commands(name):
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, f"scripts/{name}.py", "--help"], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and "it is not a command" in out.stderr and f"scripts/{name}.py" in out.stderr

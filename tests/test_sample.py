@@ -122,3 +122,12 @@ def test_sample_threads_option(tmp_path, capsys):
     assert torch.get_num_threads() == 1  # restored for the caller
     rc, _, err = run_sample(capsys, ckpt, "--threads", "0")
     assert rc == 2 and "--threads=0: must be >= 1" in err
+
+
+def test_unreadable_prompt_file_is_one_line(tmp_path, capsys):
+    import sample
+    with pytest.raises(SystemExit) as e:
+        sample.main([str(tmp_path), "--prompt-file", str(tmp_path / "nonexistent.txt")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--prompt-file" in err and "nonexistent.txt" in err and "No such file" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

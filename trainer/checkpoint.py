@@ -7,6 +7,7 @@ import os
 import pickle
 import random
 import re
+import zipfile
 import signal
 from pathlib import Path
 from typing import Optional, Union
@@ -93,6 +94,11 @@ def load_checkpoint(path: Union[str, Path]) -> dict:
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
+    if not zipfile.is_zipfile(path) and not _NAME.match(path.name):
+        # every file torch.save writes is a zip archive (torch's own error would talk of mmap); a run's own
+        # ckpt_*.pt that is not one was cut short, and gets the corrupt-file advice below
+        raise CheckpointError(f"{path} is not a nanonorm checkpoint (not a torch.save zip archive); "
+                              f"give a run dir or a ckpt_*.pt file written by train.py")
     try:
         ckpt = _torch_load(path)
     except Exception as e:  # truncated zip, pickle garbage, a foreign object, a data file given by mistake, ...
