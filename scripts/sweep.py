@@ -25,6 +25,7 @@ import math
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -357,6 +358,9 @@ def write_slurm(jobs: list[tuple[dict, list[str]]], args, sweep_dir: Path, sweep
     path = sweep_dir / "sweep.sbatch"
     path.write_text(script)
     if args.submit:
+        if shutil.which("sbatch") is None:
+            raise SystemExit(f"--submit: no sbatch on PATH (not a SLURM login node?); the script is written at "
+                             f"{path}: submit it where SLURM runs with: sbatch {path}")
         return subprocess.run(["sbatch", str(path)], check=False).returncode
     print(f"# wrote {path}; submit with: sbatch {path}")
     return 0

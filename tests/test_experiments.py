@@ -530,3 +530,10 @@ def test_every_paper_experiment_recommends_an_lr_grid() -> None:
         if meta.get("paper_setting"):
             grid = meta.get("lr_grid")
             assert grid and len(grid) >= 3 and grid == sorted(grid), name
+
+
+def test_slurm_submit_without_sbatch_keeps_the_script_and_says_where(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with pytest.raises(SystemExit, match=r"no sbatch on PATH .*sweep\.sbatch"):
+        sweep.main(["--experiment", "cpu_study", "--slurm", "--submit", "--runs-root", str(tmp_path), "--python", "python"])
+    assert (tmp_path / "cpu_study" / "sweep.sbatch").is_file()

@@ -446,3 +446,11 @@ def test_token_ids_outside_the_vocabulary_name_the_shard(tmp_path):
             f"data.root={tmp_path / 'cache'}"]
     with pytest.raises(DataError, match=r"x_val_000000\.bin: token id 300 is outside the vocabulary of bytes \(257 ids\)"):
         train(make_cfg(tmp_path / "run", *data, "train.max_steps=1"))
+
+
+def test_eval_tokens_rounded_to_whole_sequences_is_said_once(tmp_path, caplog):
+    import logging
+    with caplog.at_level(logging.WARNING, logger="nanonorm.train"):
+        train(make_cfg(tmp_path, "train.max_steps=1", "train.eval_tokens=20"))
+    said = [r.getMessage() for r in caplog.records if "train.eval_tokens=20" in r.getMessage()]
+    assert said == ["train.eval_tokens=20 is scored as 1 whole sequence(s) of 32 tokens = 32 tokens"]

@@ -178,6 +178,12 @@ class Trainer:
                                            rank=dist.rank, world_size=dist.world_size, seed=train_cfg.seed)
         self.val = data_mod.ValLoader(self.data_dir, train_cfg.eval_batch_size or train_cfg.micro_batch_size, block_size,
                                       token_budget=train_cfg.eval_tokens, rank=dist.rank, world_size=dist.world_size)
+        budget = train_cfg.eval_tokens
+        if budget is not None and self.val.num_tokens != budget and dist.is_main:  # whole sequences only: say so once
+            log.warning(f"train.eval_tokens={budget} is scored as {self.val.num_sequences} whole sequence(s) of "
+                        f"{block_size} tokens = {self.val.num_tokens} tokens"
+                        + (" (all the validation split has)" if self.val.num_sequences < max(1, budget // block_size)
+                           else ""))
 
     def _init_run_state(self) -> None:
         """Counters, per-step buffers and monitors of a fresh run (a resume then loads them).
