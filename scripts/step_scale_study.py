@@ -87,7 +87,7 @@ def around(lr: float) -> list[float]:
 def record_commit(root: Path, part: str) -> None:
     path = root / COMMITS
     done = json.loads(path.read_text()) if path.is_file() else {}
-    c = code_commit() or "unknown"
+    c = code_commit(REPO) or "unknown"   # this checkout's, whichever copy of the package is installed
     if c not in done.setdefault(part, []):
         done[part].append(c)
     root.mkdir(parents=True, exist_ok=True)

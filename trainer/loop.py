@@ -34,12 +34,12 @@ log = logging.getLogger("nanonorm.train")
 _FLAG_BASE = 2.0 ** 52  # stop-flag encoding: max over ranks of (_FLAG_BASE - step) is the earliest step
 
 
-def code_commit() -> Optional[str]:
-    """The git commit of this checkout ('+dirty' if tracked files changed), for the summary record;
-    None outside a git checkout. Once per run, at its end."""
+def code_commit(repo: Optional[Path] = None) -> Optional[str]:
+    """The git commit of the checkout at `repo` (default: this code's), '+dirty' if tracked files
+    changed, for the summary record; None outside a git checkout. Once per run, at its end."""
     import subprocess
 
-    repo = Path(__file__).resolve().parent.parent
+    repo = repo or Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
