@@ -230,7 +230,7 @@ def figures(out: Path, rows: dict[str, dict], order: list[str]) -> None:
     plt.close(fig)
 
     import plot_geometry
-    picks = [c for c in ("pre_ln", "pre_ln-rms1", "proj_spheret", "proj_spheret-a32", "geonorm", "geonorm-r1-a32")
+    picks = [c for c in ("pre_ln", "pre_ln-rms1", "proj_spheret", "proj_spheret-a8", "geonorm", "geonorm-normin")
              if c in rows]
     seed0 = [next((r for r in rows[c]["runs"] if str(r.seed) == "0"), rows[c]["runs"][0]) for c in picks]
     seed0 = [r for r in seed0 if r.stats]
