@@ -274,7 +274,12 @@ def report(root: Path, docs: Path) -> None:
     out = docs / "step_scale"
     out.mkdir(parents=True, exist_ok=True)
     runs_a = [r for r in runlib.load_sweep(root / "step_scale_a") if r.finished]
+    if not runs_a:  # a fresh checkout without the run dirs: keep the committed tables
+        print(f"no finished runs under {root / 'step_scale_a'}: tables left as they are")
+        return
     rows = cell_rows(runs_a)
+    best = {c: {"lr": r["lr"], "mean": r["summary"].mean, "edge": r["edge"]} for c, r in rows.items()}
+    atomic_write(out / "a_best.json", json.dumps(best, indent=1) + "\n")  # part (c) starts from these
     order = list(study.CELLS)
     times = json.loads((root / study.TIMES).read_text()) if (root / study.TIMES).is_file() else {}
     n_params = {"w128": _params({})}
