@@ -1,5 +1,6 @@
-"""The statistics of every study table: per-seed values, t-based 95% intervals, Welch's test, the
-bootstrap and power-law fits, all from scipy (imported here only, and only when called).
+"""The statistics of every study table: per-seed values, t-based 95% intervals and Welch's test
+(scipy.stats), and a seed bootstrap of a power-law exponent fitted with scipy.optimize.curve_fit
+(scipy is imported here only, and only when called).
 
     s = summarize([2.37, 2.38, 2.39])      # Summary(n, mean, std, lo, hi, values)
     p = welch_p(a, b)                      # two-sided Welch t-test p-value (None below 2 values a side)
@@ -72,17 +73,6 @@ def verdict(a: Sequence[float], b: Sequence[float], name_a: str, name_b: str, al
         return f"not separated (p={p:.2g})"
     ahead = name_a if statistics.fmean(a) < statistics.fmean(b) else name_b
     return f"{ahead} ahead (p={p:.2g})"
-
-
-def bootstrap_ci(values: Sequence[float], statistic, n_resamples: int = 2000, seed: int = 0,
-                 confidence: float = 0.95) -> tuple[float, float]:
-    """Percentile bootstrap interval of `statistic(values)` (scipy.stats.bootstrap)."""
-    import numpy as np
-    from scipy import stats
-
-    res = stats.bootstrap((np.asarray(values, dtype=float),), statistic, n_resamples=n_resamples,
-                          confidence_level=confidence, method="percentile", random_state=seed, vectorized=False)
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
 
 
 def power_law_fit(n: Sequence[float], loss: Sequence[float]):

@@ -345,6 +345,11 @@ class GeoNorm(_SphereVariant):
         return {"a": self.a.detach(), "b": self.b.detach()}
 
 
+def _inverse_softplus(a: float) -> float:
+    """rho with softplus(rho) = a; the second form does not overflow for large a (expm1 does past ~709)."""
+    return math.log(math.expm1(a)) if a < 700 else a + math.log1p(-math.exp(-a))
+
+
 @register("spheret")
 class SpheretNorm(_SphereVariant):
     """p-SpheretNorm (Sphere Retraction Normalizations, arXiv 2608.02668):
@@ -360,9 +365,7 @@ class SpheretNorm(_SphereVariant):
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         self.p = cfg.p
-        a = cfg.alpha_init  # inverse softplus, softplus(rho0) = a; the second form does not overflow for large a
-        rho0 = math.log(math.expm1(a)) if a < 700 else a + math.log1p(-math.exp(-a))
-        self.rho = nn.Parameter(torch.tensor(rho0))
+        self.rho = nn.Parameter(torch.tensor(_inverse_softplus(cfg.alpha_init)))
 
     def angle_params(self):
         return (self.rho,)
@@ -376,7 +379,7 @@ class SpheretNorm(_SphereVariant):
         return beta / (self.lam * r)
 
     def set_initial_scale(self, value):
-        self.rho.fill_(math.log(math.expm1(value)) if value < 700 else value + math.log1p(-math.exp(-value)))
+        self.rho.fill_(_inverse_softplus(value))
 
     def angle(self, r, rho):
         return spheret_angle(F.softplus(rho) * self.lam * r, self.p)
