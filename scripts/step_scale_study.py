@@ -53,10 +53,13 @@ CELLS = {
     "proj_spheret": ({"norm": "proj_spheret"}, 3e-3),                                # small (alpha 1)
     "proj_spheret-a8": ({"norm": "proj_spheret", "norm.alpha_init": 8.0}, 3e-3),
     "proj_spheret-a32": ({"norm": "proj_spheret", "norm.alpha_init": 32.0}, 3e-3),
-    "geonorm": ({"norm": "geonorm"}, 1e-2),                                          # as in the fidelity study
-    "geonorm-r1": ({"norm": "geonorm", "norm.embed_norm": "scalenorm"}, 3e-3),       # radius sqrt(d), a 1
-    "geonorm-r1-a8": ({"norm": "geonorm", "norm.embed_norm": "scalenorm", "norm.a_init": 8.0}, 3e-3),
-    "geonorm-r1-a32": ({"norm": "geonorm", "norm.embed_norm": "scalenorm", "norm.a_init": 32.0}, 3e-3),
+    # GeoNorm's raw-input cells name sublayer_input explicitly, so they keep their meaning whatever the default
+    "geonorm": ({"norm": "geonorm", "norm.sublayer_input": "raw"}, 1e-2),            # as in the fidelity study
+    "geonorm-r1": ({"norm": "geonorm", "norm.sublayer_input": "raw", "norm.embed_norm": "scalenorm"}, 3e-3),
+    "geonorm-r1-a8": ({"norm": "geonorm", "norm.sublayer_input": "raw", "norm.embed_norm": "scalenorm",
+                       "norm.a_init": 8.0}, 3e-3),                                    # radius sqrt(d), a 8
+    "geonorm-r1-a32": ({"norm": "geonorm", "norm.sublayer_input": "raw", "norm.embed_norm": "scalenorm",
+                        "norm.a_init": 32.0}, 3e-3),
     "geonorm-normin": ({"norm": "geonorm", "norm.sublayer_input": "norm"}, 3e-3),    # Norm(h) into F
 }
 SPHERE_CELLS = [c for c in CELLS if not c.startswith("pre_ln")]
