@@ -2,7 +2,7 @@
 each variant takes relative to its stream at init? (docs/step_scale_study.md)
 
     python scripts/step_scale_study.py all            # every part in order, then the report
-    python scripts/step_scale_study.py run grid       # one part: grid | edge | chaos | trend | trend_edge
+    python scripts/step_scale_study.py run grid       # one part: grid | edge | chaos | trend
     python scripts/step_scale_study.py report         # tables and figures from whatever has finished
     python scripts/step_scale_study.py all -- train.max_steps=8   # any Hydra override, every run (quick check)
     python scripts/step_scale_study.py all --base-experiment <name> --cells pre_ln,proj_spheret-a32 --jobs 8
@@ -17,7 +17,9 @@ Setting: configs/experiment/fidelity.yaml (tiny 4 x 128, byte tokenizer, offline
               variant, seed 0 rerun with train.threads=2 (only the floating-point order of the CPU kernels
               changes);
   trend       Pre-LN and the best sphere cell at widths 64 / 256 (depth 4) and depths 8 / 16 (width 128),
-              each at three lrs around its best in (a), 3 seeds; trend_edge brackets them as edge does.
+              each at three lrs around its best in (a), 3 seeds, bracketed as edge does; one shape
+              after the other (cheapest first), so a study stopped part-way has whole shapes;
+              `--shapes w64,d8` runs only those.
 Two runs at a time with one thread each (`--jobs`), resumable: finished runs are skipped, and each
 part's wall time is added up in <runs-root>/step_scale_times.json.
 """
@@ -66,7 +68,7 @@ SPHERE_CELLS = [c for c in CELLS if not c.startswith("pre_ln")]
 # (c): shape label -> model overrides (heads keep head_dim 32)
 SHAPES = {"w64": {"model.n_embd": 64, "model.n_head": 2}, "d8": {"model.n_layer": 8},
           "w256": {"model.n_embd": 256, "model.n_head": 8}, "d16": {"model.n_layer": 16}}   # cheapest first
-PARTS = ["grid", "edge", "chaos", "trend", "trend_edge"]
+PARTS = ["grid", "edge", "chaos", "trend"]
 
 
 def lr_label(lr: float) -> str:
@@ -163,8 +165,8 @@ def chaos_cells(best: dict) -> list[str]:
     return out
 
 
-def trend_cells(args) -> dict:
-    """Pre-LN and the best sphere cell of (a) (lowest mean at its best lr), at every shape of SHAPES."""
+def trend_cells(args, shapes: list[str]) -> dict:
+    """Pre-LN and the best sphere cell of (a) (lowest mean at its best lr), at each of `shapes`."""
     best = {c: (float(b["value"]), _mean_at_best(b)) for c, b in best_lrs(finished(args, "step_scale_a")).items()}
     recorded = REPO / "docs" / "step_scale" / "a_best.json"   # the report's record, for a checkout without the runs
     if not best and recorded.is_file():
@@ -174,9 +176,9 @@ def trend_cells(args) -> dict:
         raise SystemExit("trend needs part grid/edge finished for pre_ln and at least one sphere cell")
     top = min(sphere, key=lambda c: best[c][1])
     cells = {}
-    for shape, m in SHAPES.items():
+    for shape in shapes:
         for c in ("pre_ln", top):
-            cells[f"{shape}-{c}"] = ({**CELLS[c][0], **m}, best[c][0])
+            cells[f"{shape}-{c}"] = ({**CELLS[c][0], **SHAPES[shape]}, best[c][0])
     return cells
 
 
@@ -199,17 +201,16 @@ def run_part(args, part: str) -> None:
                 lbl, ovr = point(c, float(best[c]["value"]), cells)
                 pts[lbl] = ovr
         sweep(args, "step_scale_b", pts, "0", "train.threads=2", jobs=max(1, args.jobs // 2))  # 2 threads a run
-    elif part == "trend":
-        tc = trend_cells(args)
-        pts = dict(point(c, lr, tc) for c, (_, centre) in tc.items() for lr in around(centre))
-        sweep(args, "step_scale_c", pts, SEEDS)
-    elif part == "trend_edge":
-        tc = trend_cells(args)
-        for _ in range(EDGE_ROUNDS):
-            pts = edge_points(finished(args, "step_scale_c"), tc)
-            if not pts:
-                break
-            sweep(args, "step_scale_c", pts, SEEDS)
+    elif part == "trend":  # shape by shape, each bracketed before the next starts
+        for shape in args.shapes:
+            tc = trend_cells(args, [shape])
+            sweep(args, "step_scale_c", dict(point(c, lr, tc) for c, (_, centre) in tc.items()
+                                             for lr in around(centre)), SEEDS)
+            for _ in range(EDGE_ROUNDS):
+                pts = edge_points(finished(args, "step_scale_c"), tc)
+                if not pts:
+                    break
+                sweep(args, "step_scale_c", pts, SEEDS)
     else:
         raise SystemExit(f"unknown part {part!r}: valid parts are {', '.join(PARTS)}")
 
@@ -222,6 +223,7 @@ def main(argv=None) -> int:
     ap.add_argument("--docs", type=Path, default=Path("docs"), help="where report writes docs/step_scale/*")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
     ap.add_argument("--cells", help=f"comma list of cells (default all: {', '.join(CELLS)})")
+    ap.add_argument("--shapes", help=f"trend parts: comma list of shapes (default all, in order: {', '.join(SHAPES)})")
     ap.add_argument("--base-experiment", default="fidelity", help="the experiment file every run starts from")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # Hydra overrides for every run follow `--`
@@ -231,6 +233,10 @@ def main(argv=None) -> int:
     unknown = [c for c in args.cells if c not in CELLS]
     if unknown:
         raise SystemExit(f"unknown --cells {', '.join(unknown)}: valid are {', '.join(CELLS)}")
+    args.shapes = args.shapes.split(",") if args.shapes else list(SHAPES)
+    unknown = [s for s in args.shapes if s not in SHAPES]
+    if unknown:
+        raise SystemExit(f"unknown --shapes {', '.join(unknown)}: valid are {', '.join(SHAPES)}")
     if args.action == "run" and args.part not in PARTS:
         raise SystemExit(f"run needs a part: one of {', '.join(PARTS)}")
     parts = PARTS if args.action == "all" else [args.part] if args.action == "run" else []
