@@ -33,10 +33,6 @@ class Registry(Mapping):
             return obj
         return deco
 
-    def unregister(self, name: str) -> None:
-        """Remove a component (tests that register a temporary one)."""
-        self._items.pop(name, None)
-
     def __getitem__(self, name: str) -> Any:
         if name not in self._items:
             raise self.error(f"unknown {self.key}={name!r}: valid are {', '.join(self._items)}")

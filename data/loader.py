@@ -19,10 +19,15 @@ import os
 import warnings
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from .config import DataError
 from .shards import open_shard
+
+if TYPE_CHECKING:  # annotations only: torch is imported lazily below
+    import torch
 
 GOLDEN_GAMMA = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment: 2^64 / golden ratio
 
@@ -177,7 +182,7 @@ class TrainLoader:
                         ("num_sequences", self.w.n), ("tokens", self.w.tokens)):
             if k in d and d[k] != mine:
                 warnings.warn(f"TrainLoader resume: checkpoint has {k}={d[k]}, now {mine}; "
-                              f"the batch order will differ from the original run")
+                              f"the batch order will differ from the original run", stacklevel=2)
 
 
 class ValLoader:

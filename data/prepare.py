@@ -247,8 +247,7 @@ def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
     return True
 
 
-def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress: bool | None = None,
-                    _fail_after_shards: int | None = None) -> Path:
+def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress: bool | None = None) -> Path:
     """Prepare the shards for data config `cfg` if needed; return the directory holding meta.json and the
     shards. A no-op (a few stats) when already prepared. Call it on one rank first (others wait)."""
     cfg = DataConfig.from_any(cfg)
@@ -270,7 +269,7 @@ def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress:
         if force:
             _clear(out)
         try:
-            _run(cfg, tok, out, progress, _fail_after_shards)
+            _run(cfg, tok, out, progress)
         except DataError:
             # Bad input fails the same way every time: nothing worth resuming, so leave no half-made dir.
             _clear(out)
@@ -303,7 +302,7 @@ def _adopt_shards(cfg: DataConfig, tok, out: Path) -> Path:
     return out
 
 
-def _run(cfg: DataConfig, tok, out: Path, progress, fail_after) -> None:
+def _run(cfg: DataConfig, tok, out: Path, progress) -> None:
     content = cfg.content()
     state = _resume_or_start_over(out, content)
     streams = open_streams(cfg)  # errors about files/columns/splits surface here, before any work
@@ -313,7 +312,7 @@ def _run(cfg: DataConfig, tok, out: Path, progress, fail_after) -> None:
     encoder = _Encoder(cfg)
     bar = _progress_bar(cfg, streams, out, progress)
     try:
-        feeder = _Feeder(out, content, writers, encoder, bar, t0, fail_after)
+        feeder = _Feeder(out, content, writers, encoder, bar, t0)
         for si, stream in enumerate(streams):
             if state and si < state["stream"]:
                 continue
@@ -385,10 +384,9 @@ class _Feeder:
     """Streams documents through the encoder into the split writers, in order, with a bounded number
     of batches in flight, saving progress after every finished shard (and every CHECKPOINT_EVERY_S)."""
 
-    def __init__(self, out: Path, content: dict, writers: dict, encoder: _Encoder, bar, t0: float, fail_after):
+    def __init__(self, out: Path, content: dict, writers: dict, encoder: _Encoder, bar, t0: float):
         self.out, self.content, self.writers, self.encoder, self.bar = out, content, writers, encoder, bar
-        self.t0, self.fail_after = t0, fail_after
-        self.shards_written, self.last_ckpt = 0, time.time()
+        self.t0, self.last_ckpt = t0, time.time()
         self.pending: collections.deque = collections.deque()
 
     def feed(self, cfg: DataConfig, si: int, stream, start: int) -> None:
@@ -405,7 +403,6 @@ class _Feeder:
         while len(self.pending) > limit:
             end, res = self.pending.popleft()
             new = sum(self.writers[split].append(ids, n) for split, ids, n in self.encoder.result(res))
-            self.shards_written += new
             now = time.time()
             self.bar.update(end[1])
             ntok = sum(w.tokens for w in self.writers.values())
@@ -414,8 +411,6 @@ class _Feeder:
             if new or now - self.last_ckpt > CHECKPOINT_EVERY_S:
                 _save_progress(self.out, self.content, si, end[0], self.writers)
                 self.last_ckpt = now
-                if self.fail_after is not None and self.shards_written >= self.fail_after:
-                    raise RuntimeError(f"injected failure after {self.shards_written} shards")
 
 
 def _split_task(cfg: DataConfig, stream, idx0: int, texts: list) -> list:

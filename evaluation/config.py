@@ -84,10 +84,6 @@ class EvalConfig:
         """From a mapping of keys to values; absent keys take the defaults above."""
         return build(cls, d, "eval", error=EvalConfigError)
 
-    @classmethod
-    def from_yaml(cls, path) -> "EvalConfig":
-        return cls.from_dict(_read_yaml(path))
-
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

@@ -67,8 +67,8 @@ class NanoLM(TemplateLM):
         for b in range(0, len(items), self.batch_size):
             chunk = items[b:b + self.batch_size]
             lp, gr, _ = score_batch(self.model, [(seqs[i][0], w) for i, w in chunk], self.device, self.rt.autocast())
-            for (i, _), l, g in zip(chunk, lp.tolist(), gr.tolist()):
-                lp_sum[i] += l
+            for (i, _), logp, g in zip(chunk, lp.tolist(), gr.tolist()):
+                lp_sum[i] += logp
                 greedy[i] = greedy[i] and g
             bar.update(len(chunk))
         bar.close()

@@ -1,32 +1,59 @@
 """GPTConfig: the one typed description of a model, validated once at construction.
 
-Every default of the `model` and `norm` Hydra groups is written here once, with its one-line doc; the
-groups' schemas are derived from these fields (trainer/config_store.py), so configs/model/*.yaml and
-configs/norm/*.yaml state only what differs. Every `norm.*` key maps onto one flat field (NORM_KEYS,
-docs/variants.md "Configuration keys"), and `model.*` keys onto the shape fields plus ModelGroup.
-Per-variant defaults (decay, input step, output step, p) are None here and filled in from the
-variant's class in model/variants.py.
+Every default of the `model` group is written here once, with its one-line doc; the `norm` group is the
+chosen variant's own options (`Variant.Options` in model/variants.py, built by `norm_options`), so a key
+the variant does not read is one line naming the keys it does. The groups' schemas are derived from
+these classes (trainer/config_store.py), so configs/model/*.yaml and configs/norm/*.yaml state only what
+differs.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping, Optional
 
 from common import ConfigError
-from common.config import bad, build, defaults, parse, to_plain
+from common.config import bad, build, defaults, field_docs, parse, to_plain
 
-from .decay import DECAYS
 from .init import INITS
-from .norms import INPUT_STEPS, NORM_KINDS
-from .variants import get_variant
+from .variants import VARIANTS, NormOptions, get_variant
 
-KEEL_FIRST = ("v1", "v2")
 POS_EMBS = ("learned", "rope")
 MLPS = ("gelu", "swiglu", "relu2")
-DEEPNORM_INITS = ("scaled", "xavier")
-DECAY_INDICES = ("block", "sublayer")
-SUBLAYER_INPUTS = ("raw", "norm")
+
+
+def norm_options(node: Any) -> NormOptions:
+    """The `norm` group as the chosen variant's `Options`. A null value is the variant's default; a key
+    the variant does not read fails in one line that names the keys it does."""
+    if isinstance(node, NormOptions):
+        node = asdict(node)
+    given = {k: v for k, v in to_plain(node).items() if v is not None}
+    name = given.setdefault("name", NormOptions.name)
+    cls = get_variant(name).Options  # an unknown name raises ConfigError listing the valid ones
+    own = [f.name for f in fields(cls)]
+    foreign = [k for k in given if k not in own]
+    opts = build(cls, {k: v for k, v in given.items() if k in own}, "norm") if not foreign else None
+    typos = [k for k in foreign if k not in norm_group_keys()]
+    if typos:  # a key no variant has
+        raise ConfigError(f"unknown key(s) {', '.join(f'norm.{k}' for k in typos)}: valid keys are {', '.join(own)}")
+    unread = foreign or opts.unread(set(given))
+    if unread:
+        k = unread[0]
+        reason = ("read only with norm.embed_norm=scalenorm" if k == "learn_radius" and not foreign
+                  else f"not an option of norm.name={name}")
+        bad(f"norm.{k}", given[k], f"{reason} (its options: {', '.join(own)})")
+    return opts
+
+
+def norm_group_keys() -> dict:
+    """{key: the Options class that declares it first} over every registered variant: the `norm` schema."""
+    out: dict = {}
+    for name in VARIANTS:
+        cls = get_variant(name).Options
+        for f in fields(cls):
+            out.setdefault(f.name, cls)
+    return out
 
 
 @dataclass
@@ -48,49 +75,11 @@ class GPTConfig:
     qk_norm: bool = False                # RMSNorm (no gain) of q and k per head before attention
     init: str = "nanogpt"                # weight init scheme: nanogpt (N(0, 0.02)) | fan_in (N(0, 1/fan_in)); model/init.py
     embed_std: Optional[float] = None    # std of the token/position embeddings at init; null: the init scheme's
-    # --- normalization (Hydra group `norm`; keys in NORM_KEYS) ---
-    norm: str = "pre_ln"                 # the variant: a name registered in model/variants.py
-    norm_kind: str = "layernorm"         # layernorm | rmsnorm (every Norm of the variant)
-    norm_eps: float = 1e-5               # epsilon of every Norm
-    decay: Optional[str] = None          # step decay: none | harmonic | sqrt | linear; null: the variant's default
-    p: Optional[float] = None            # SpheretNorm's p (> 0, .inf = exp map); null: the variant's (1; fixed for proj/cay)
-    geonorm_clamp: float = math.pi / 4   # GeoNorm angle clamp c (pi/4)
-    embed_norm: Optional[str] = None     # input step: none | layer | scalenorm | unit; null: the variant's default
-    final_norm: Optional[bool] = None    # output Norm before the LM head; null: the variant's default
-    keel_first_layer: str = "v2"         # Keel's first sublayers: v2 | v1
-    dyt_alpha_attn: float = 0.5          # DyT alpha at init, attention sublayers
-    dyt_alpha_other: float = 0.5         # DyT alpha at init, other Norms
-    deepnorm_init: str = "scaled"        # DeepNorm init: scaled (beta gain) | xavier
-    # --- open choices of the sphere family (docs/variants.md, "Switches for open choices") ---
-    learn_radius: bool = True            # sphere family: ScaleNorm's g learnable (false: fixed at 1)
-    decay_index: str = "block"           # lambda indexed by block k of N | sublayer j+1 of 2N
-    alpha_init: float = 1.0              # SpheretNorm: softplus(rho) at init
-    a_init: float = 1.0                  # GeoNorm: a at init
-    sublayer_input: str = "raw"          # sphere family: F reads the raw stream h (raw) or Norm(h) (norm)
-    target_angle: Optional[float] = None # sphere family: initial step sizes set so the mean angle at init is this (rad); null: alpha_init / a_init
+    # --- normalization (Hydra group `norm`): the variant's name and its own options ---
+    norm: Any = field(default_factory=NormOptions)  # a variant name, a mapping of norm.* keys or its Options
 
     def __post_init__(self) -> None:
-        variant = get_variant(self.norm)  # raises ConfigError listing the valid names
-        if self.p is not None and (not isinstance(self.p, (int, float)) or isinstance(self.p, bool)):
-            raise ConfigError(f"bad config norm.p={self.p!r}: must be a number > 0 (.inf in YAML)")
-        if variant.fixed_p is not None and self.p is not None and self.p != variant.fixed_p:
-            raise ConfigError(f"bad config norm.p={self.p}: norm.name={self.norm} means p={variant.fixed_p:g}; "
-                              "use norm=spheret to choose p")
-        if self.sublayer_input != "raw" and not variant.reads_sublayer_input:
-            raise ConfigError(f"bad config norm.sublayer_input={self.sublayer_input!r}: only the sphere family "
-                              f"(geonorm, spheret, proj_spheret, cay_spheret) reads it; norm.name={self.norm} "
-                              "already gives its sublayers a normalized input or none")
-        if self.target_angle is not None and not variant.supports_target_angle:
-            raise ConfigError(f"bad config norm.target_angle={self.target_angle!r}: only the sphere family "
-                              f"(geonorm, spheret, proj_spheret, cay_spheret) has initial step sizes to set; "
-                              f"norm.name={self.norm}")
-        self.p = float(variant.fixed_p or (1.0 if self.p is None else self.p))
-        if self.decay is None:
-            self.decay = variant.default_decay
-        if self.embed_norm is None:
-            self.embed_norm = variant.default_embed_norm
-        if self.final_norm is None:
-            self.final_norm = variant.default_final_norm
+        self.norm = norm_options({"name": self.norm} if isinstance(self.norm, str) else self.norm)
         self.validate()
 
     def validate(self) -> None:
@@ -102,37 +91,10 @@ class GPTConfig:
             bad("model.n_embd", self.n_embd, f"must be divisible by model.n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:
             bad("model.dropout", self.dropout, "must be in [0, 1)")
-        NORM_KINDS[self.norm_kind], DECAYS[self.decay], INPUT_STEPS[self.embed_norm]  # unknown names: one line
-        if not isinstance(self.final_norm, bool):
-            bad("norm.final_norm", self.final_norm, "must be true or false")
-        if self.keel_first_layer not in KEEL_FIRST:
-            bad("norm.first_layer", self.keel_first_layer, f"valid: {', '.join(KEEL_FIRST)}")
-        if self.deepnorm_init not in DEEPNORM_INITS:
-            bad("norm.deepnorm_init", self.deepnorm_init, f"valid: {', '.join(DEEPNORM_INITS)}")
-        if not (self.p > 0):  # also rejects NaN
-            bad("norm.p", self.p, "must be > 0 (use .inf in YAML for the exponential map)")
-        if not (0 < self.geonorm_clamp <= math.pi):
-            bad("norm.clamp", self.geonorm_clamp, "must be in (0, pi]")
-        if self.decay_index not in DECAY_INDICES:
-            bad("norm.decay_index", self.decay_index, f"valid: {', '.join(DECAY_INDICES)}")
-        for key, v in (("model.tie_embeddings", self.tie_embeddings), ("norm.learn_radius", self.learn_radius),
-                       ("model.bias", self.bias), ("model.qk_norm", self.qk_norm)):
+        for key, v in (("model.tie_embeddings", self.tie_embeddings), ("model.bias", self.bias),
+                       ("model.qk_norm", self.qk_norm)):
             if not isinstance(v, bool):
                 bad(key, v, "must be true or false")
-        if not (isinstance(self.alpha_init, (int, float)) and 0 < self.alpha_init < math.inf):
-            bad("norm.alpha_init", self.alpha_init, "must be a finite number > 0 (softplus(rho) at init)")
-        if not (isinstance(self.a_init, (int, float)) and math.isfinite(self.a_init)):
-            bad("norm.a_init", self.a_init, "must be a finite number")
-        if not (self.norm_eps >= 0):
-            bad("norm.eps", self.norm_eps, "must be >= 0")
-        if self.target_angle is not None:
-            bound = self.geonorm_clamp if self.norm == "geonorm" else self.p * math.pi / 2
-            if not (isinstance(self.target_angle, (int, float)) and not isinstance(self.target_angle, bool)
-                    and 0 < self.target_angle < bound):
-                bad("norm.target_angle", self.target_angle, f"must be a number in (0, {bound:.4g}) rad (the rule's "
-                    "bound), or null")
-        if self.sublayer_input not in SUBLAYER_INPUTS:
-            bad("norm.sublayer_input", self.sublayer_input, f"valid: {', '.join(SUBLAYER_INPUTS)}")
         INITS[self.init]  # an unknown scheme: one line listing the valid ones
         if self.embed_std is not None and not (isinstance(self.embed_std, (int, float)) and not isinstance(self.embed_std, bool)
                                                and 0 < self.embed_std < math.inf):
@@ -171,11 +133,14 @@ class GPTConfig:
         return 4 * self.n_embd
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return asdict(self)  # `norm` as a nested mapping of its keys
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "GPTConfig":
-        """From `to_dict()` (a checkpoint's model_config)."""
+        """From `to_dict()` (a checkpoint's model_config), also in the flat form of older checkpoints."""
+        d = dict(d)
+        if isinstance(d.get("norm"), str):
+            d = _from_flat(d)
         return build(cls, d, "model_config")
 
     @classmethod
@@ -184,9 +149,25 @@ class GPTConfig:
         take the defaults above. `vocab_size` is the tokenizer's (used when model.vocab_size is null)."""
         m = to_plain(model_cfg)
         group = build(ModelGroup, {k: m.pop(k) for k in MODEL_GROUP_KEYS if k in m}, "model")
-        kw = {**parse(cls, m, "model", keys=MODEL_KEYS, also_valid=MODEL_GROUP_KEYS),
-              **parse(cls, norm_cfg, "norm", keys=NORM_KEYS)}
-        return cls(vocab_size=group.vocab(vocab_size), **kw)
+        kw = parse(cls, m, "model", keys=MODEL_KEYS, also_valid=MODEL_GROUP_KEYS)
+        return cls(vocab_size=group.vocab(vocab_size), norm=norm_options(norm_cfg), **kw)
+
+
+# Checkpoints written before the variants owned their options stored every norm key as a flat field.
+_FLAT = {"norm": "name", "norm_kind": "kind", "norm_eps": "eps", "geonorm_clamp": "clamp",
+         "keel_first_layer": "first_layer", "dyt_alpha_attn": "alpha_attn", "dyt_alpha_other": "alpha_other",
+         **{k: k for k in ("decay", "p", "embed_norm", "final_norm", "deepnorm_init", "learn_radius",
+                           "decay_index", "alpha_init", "a_init", "sublayer_input", "target_angle")}}
+
+
+def _from_flat(d: dict) -> dict:
+    """An old flat model_config in today's form: the norm keys the variant reads, under `norm`."""
+    flat = {key: d.pop(old) for old, key in _FLAT.items() if old in d}
+    own = {f.name for f in fields(get_variant(flat["name"]).Options)}
+    norm = {k: v for k, v in flat.items() if k in own}
+    if norm.get("embed_norm") != "scalenorm":
+        norm.pop("learn_radius", None)
+    return {**d, "norm": norm}
 
 
 @dataclass
@@ -209,17 +190,9 @@ class ModelGroup:
         return self.vocab_size
 
 
-# Hydra `norm.*` key -> GPTConfig field (docs/variants.md, "Configuration keys").
-NORM_KEYS = {"name": "norm", "kind": "norm_kind", "eps": "norm_eps", "decay": "decay", "p": "p",
-             "clamp": "geonorm_clamp", "embed_norm": "embed_norm", "final_norm": "final_norm",
-             "first_layer": "keel_first_layer", "alpha_attn": "dyt_alpha_attn",
-             "alpha_other": "dyt_alpha_other", "deepnorm_init": "deepnorm_init",
-             "learn_radius": "learn_radius", "decay_index": "decay_index", "alpha_init": "alpha_init",
-             "a_init": "a_init", "sublayer_input": "sublayer_input",
-             "target_angle": "target_angle"}
 MODEL_GROUP_KEYS = tuple(f.name for f in fields(ModelGroup))
-# Hydra `model.*` keys that are GPTConfig fields: the shape and architecture axes.
-MODEL_KEYS = {f.name: f.name for f in fields(GPTConfig) if f.name not in {*NORM_KEYS.values(), *MODEL_GROUP_KEYS}}
+# Hydra `model.*` keys: the GPTConfig fields but `norm` (its own group), and ModelGroup's.
+MODEL_KEYS = {f.name: f.name for f in fields(GPTConfig) if f.name not in ("norm", *MODEL_GROUP_KEYS)}
 
 
 def model_group_defaults() -> dict:
@@ -228,6 +201,14 @@ def model_group_defaults() -> dict:
 
 
 def norm_group_defaults() -> dict:
-    """The `norm` group's keys and defaults (its Hydra schema); a variant's own defaults stay null here
-    and are filled from its class."""
-    return defaults(GPTConfig, NORM_KEYS)
+    """The `norm` group's keys (every registered variant's options) and defaults (its Hydra schema): all
+    null but the name, since each variant has its own defaults (filled in by `norm_options`)."""
+    return {k: (NormOptions.name if k == "name" else None) for k in norm_group_keys()}
+
+
+def norm_group_docs() -> dict:
+    """{key: its one-line doc} for `--help`, from the class that declares it."""
+    def doc(key, cls):  # the nearest class up the MRO whose source line declares the key
+        return next((d[key] for c in cls.__mro__ if dataclasses.is_dataclass(c)
+                     for d in [field_docs(c)] if key in d), "")
+    return {k: doc(k, cls) for k, cls in norm_group_keys().items()}

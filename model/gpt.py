@@ -61,7 +61,7 @@ class CausalSelfAttention(nn.Module):
         self.layer, self.n_head, self.n_embd = layer, cfg.n_head, cfg.n_embd
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v stacked (rows)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.qk_norm, self.eps = cfg.qk_norm, cfg.norm_eps
+        self.qk_norm, self.eps = cfg.qk_norm, cfg.norm.eps
         self.qk_step = variant.attention_step(cfg)  # the variant's own treatment of q, k (nGPT)
         self.scale = getattr(self.qk_step, "softmax_scale", None)  # None: SDPA's 1/sqrt(hd)
         self.dropout = cfg.dropout
@@ -160,7 +160,7 @@ class GPT(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.config = config
-        variant = get_variant(config.norm)
+        variant = get_variant(config.norm.name)
         self.variant = variant
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         if config.pos_emb == "learned":
@@ -179,9 +179,7 @@ class GPT(nn.Module):
             self.wte.weight = self.lm_head.weight           # weight tying, as GPT-2
 
         initialise(self, config)                            # `model.init` (model/init.py)
-        variant.init_weights(self)
-        if config.target_angle is not None:                 # `norm.target_angle`: step-0 calibration
-            variant.calibrate(self, config.target_angle)
+        variant.init_weights(self)                          # the variant's own (DeepNorm's gains, a calibration)
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 return_hidden: bool = False, kv_cache: Optional[KVCache] = None, last_only: bool = False,

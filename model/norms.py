@@ -98,17 +98,17 @@ class UnitNorm(nn.Module):
 
 @NORM_KINDS.register("layernorm")
 def _layernorm(cfg: "GPTConfig") -> nn.Module:
-    return LayerNorm(cfg.n_embd, cfg.norm_eps, bias=cfg.bias)
+    return LayerNorm(cfg.n_embd, cfg.norm.eps, bias=cfg.bias)
 
 
 @NORM_KINDS.register("rmsnorm")
 def _rmsnorm(cfg: "GPTConfig") -> nn.Module:
-    return RMSNorm(cfg.n_embd, cfg.norm_eps)
+    return RMSNorm(cfg.n_embd, cfg.norm.eps)
 
 
 def make_norm(cfg: "GPTConfig") -> nn.Module:
     """`Norm` of docs/variants.md (`norm.kind`); every instance has its own parameters."""
-    return NORM_KINDS[cfg.norm_kind](cfg)
+    return NORM_KINDS[cfg.norm.kind](cfg)
 
 
 @INPUT_STEPS.register("none")
@@ -123,7 +123,7 @@ def _norm_input_step(cfg: "GPTConfig") -> nn.Module:
 
 @INPUT_STEPS.register("scalenorm")
 def _scalenorm_input_step(cfg: "GPTConfig") -> nn.Module:
-    return ScaleNorm(cfg.n_embd, learnable=cfg.learn_radius)       # h = g sqrt(d) e/||e||: SpheretNorm
+    return ScaleNorm(cfg.n_embd, learnable=cfg.norm.learn_radius)       # h = g sqrt(d) e/||e||: SpheretNorm
 
 
 @INPUT_STEPS.register("unit")
@@ -132,4 +132,4 @@ def _unit_input_step(cfg: "GPTConfig") -> nn.Module:
 
 
 def make_input_step(cfg: "GPTConfig") -> nn.Module:
-    return INPUT_STEPS[cfg.embed_norm](cfg)
+    return INPUT_STEPS[cfg.norm.embed_norm](cfg)

@@ -5,23 +5,29 @@ A variant is three parts (docs/variants.md gives every variant's exact rule and 
   2. sublayer rule  `forward(h, f)`:  how the stream h is updated by one sublayer f (attention or MLP);
   3. output step `output_step(cfg)`: what happens to h before the LM head.
 One instance of the class is made per sublayer (index j = 0..2N-1, block k = j//2 + 1), so each
-sublayer owns its norms and scalars. Defaults that differ per variant (decay, input and output step)
-are class attributes that GPTConfig reads when the user leaves them unset (the config imports this
-module; this module uses GPTConfig for type hints only).
+sublayer owns its norms and scalars.
+
+Each variant owns its `norm.*` keys: `Options`, a dataclass on the class that extends its parent's (and
+may change a parent's default: Post-LN has no output Norm). `GPTConfig.norm` is an instance of the
+chosen variant's `Options`, so `cfg.norm.clamp` exists exactly for the variants that read it, and a key
+the variant does not read is an error naming the keys it does (model/config.py builds it). A new option
+is one field with its doc line; checks of its value go in that class's `__post_init__`.
 """
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Type
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Optional, Type
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from common import Registry
+from common.config import bad
 
-from .decay import decay_factor
-from .norms import DyT, make_input_step, make_norm
+from .decay import DECAYS, decay_factor
+from .norms import INPUT_STEPS, NORM_KINDS, DyT, make_input_step, make_norm
 from .sphere import spheret_angle, sphere_update
 
 if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
@@ -38,15 +44,39 @@ def get_variant(name: str) -> Type["Variant"]:
 Sublayer = Callable[[torch.Tensor], torch.Tensor]
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+@dataclass
+class NormOptions:
+    """The `norm.*` keys every variant reads (its Norms, input and output step)."""
+    name: str = "pre_ln"              # the variant: a name registered in model/variants.py
+    kind: str = "layernorm"           # layernorm | rmsnorm (every Norm of the variant)
+    eps: float = 1e-5                 # epsilon of every Norm
+    embed_norm: str = "none"          # input step: none | layer | scalenorm | unit
+    final_norm: bool = True           # output Norm before the LM head
+    learn_radius: bool = True         # input step scalenorm: its radius g learnable (false: fixed at 1)
+
+    def __post_init__(self) -> None:
+        NORM_KINDS[self.kind], INPUT_STEPS[self.embed_norm]  # unknown names: one line listing the valid ones
+        if not (_is_number(self.eps) and self.eps >= 0):
+            bad("norm.eps", self.eps, "must be >= 0")
+        for key in ("final_norm", "learn_radius"):
+            if not isinstance(getattr(self, key), bool):
+                bad(f"norm.{key}", getattr(self, key), "must be true or false")
+
+    def unread(self, given) -> list:
+        """Of the keys set (`given`), those this configuration does not read (a fixed radius without a
+        ScaleNorm to fix)."""
+        return ["learn_radius"] if not self.learn_radius and self.embed_norm != "scalenorm" else []
+
+
 class Variant(nn.Module):
-    """Base: Pre-LN-style defaults for the input and output steps; subclasses define `forward`."""
+    """Base: Pre-LN-style input and output steps; subclasses define `forward`."""
 
     name = "base"
-    reads_sublayer_input = False  # True where `norm.sublayer_input` has a meaning (the sphere family)
-    default_decay = "none"
-    default_embed_norm = "none"
-    default_final_norm = True
-    fixed_p: Optional[float] = None  # set by variants that are one member of the p-family
+    Options = NormOptions  # this variant's `norm.*` keys (subclasses extend it)
 
     def __init__(self, cfg: "GPTConfig", j: int):
         super().__init__()
@@ -62,22 +92,15 @@ class Variant(nn.Module):
 
     @classmethod
     def output_step(cls, cfg: "GPTConfig") -> nn.Module:
-        return make_norm(cfg) if cfg.final_norm else nn.Identity()
+        return make_norm(cfg) if cfg.norm.final_norm else nn.Identity()
 
     @classmethod
     def init_weights(cls, model: nn.Module) -> None:
-        """Hook after nanoGPT's initialisation (DeepNorm replaces some gains)."""
+        """Hook after the `model.init` scheme (DeepNorm replaces some gains; the sphere family calibrates)."""
 
     def step_sizes(self) -> Dict[str, torch.Tensor]:
         """Learned step-size scalars, for the training monitor."""
         return {}
-
-    supports_target_angle = False  # True where `norm.target_angle` can set the initial step sizes
-
-    @classmethod
-    def calibrate(cls, model: nn.Module, target: float) -> None:
-        """Set the initial step-size scalars so that the mean rotation at init equals `target` (rad)."""
-        raise NotImplementedError
 
     # ---- hooks beyond the residual stream (docs/variants.md, "Variant interface"); None / no-op by default ----
     # A variant that changes the inside of a sublayer, the logits or the optimizer step says so here,
@@ -125,7 +148,9 @@ class PreLN(Variant):
 class PostLN(Variant):
     """Post-LN (Vaswani et al. 2017, sec. 3.1): h = e;  h <- Norm(h + F(h));  no output step."""
 
-    default_final_norm = False
+    @dataclass
+    class Options(NormOptions):
+        final_norm: bool = False      # output Norm before the LM head
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -141,7 +166,15 @@ class DeepNorm(Variant):
     h = e;  h <- Norm(alpha*h + F(h)), alpha = (2N)^(1/4);  no output step.
     Init: beta = (8N)^(-1/4) < 1 on V, attention output and both MLP matrices (see init_weights)."""
 
-    default_final_norm = False
+    @dataclass
+    class Options(NormOptions):
+        final_norm: bool = False      # output Norm before the LM head
+        deepnorm_init: str = "scaled" # scaled (nanoGPT's N(0, 0.02) times beta) | xavier (beta times Xavier's std)
+
+        def __post_init__(self):
+            super().__post_init__()
+            if self.deepnorm_init not in ("scaled", "xavier"):
+                bad("norm.deepnorm_init", self.deepnorm_init, "valid: scaled, xavier")
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -166,7 +199,7 @@ class DeepNorm(Variant):
                 targets.append(block.mlp.c_gate.weight)
             with torch.no_grad():
                 for w in targets:  # w is [fan_out, fan_in]; the V slice has its own fan (d, d)
-                    if cfg.deepnorm_init == "xavier":
+                    if cfg.norm.deepnorm_init == "xavier":
                         std = beta * math.sqrt(2.0 / (w.shape[0] + w.shape[1]))
                     else:  # "scaled": nanoGPT's N(0, 0.02) times beta
                         std = 0.02 * beta
@@ -191,7 +224,9 @@ class Sandwich(Variant):
 class PeriLN(Sandwich):
     """Peri-LN (Kim et al., arXiv 2502.02732): Sandwich's rule, plus the input step h = Norm_emb(e)."""
 
-    default_embed_norm = "layer"
+    @dataclass
+    class Options(NormOptions):
+        embed_norm: str = "layer"     # input step: none | layer | scalenorm | unit
 
 
 @register("keel")
@@ -200,11 +235,19 @@ class Keel(Variant):
     no output step [choice]. First sublayers (`norm.first_layer`): v2 (default) makes sublayer 1
     plain Pre-LN and sublayer 2 use alpha = 1; v1 makes sublayers 1 and 2 plain Pre-LN."""
 
-    default_final_norm = False
+    @dataclass
+    class Options(NormOptions):
+        final_norm: bool = False      # output Norm before the LM head
+        first_layer: str = "v2"       # Keel's first sublayers: v2 | v1
+
+        def __post_init__(self):
+            super().__post_init__()
+            if self.first_layer not in ("v1", "v2"):
+                bad("norm.first_layer", self.first_layer, "valid: v1, v2")
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
-        self.pre_ln = j == 0 or (j == 1 and cfg.keel_first_layer == "v1")
+        self.pre_ln = j == 0 or (j == 1 and cfg.norm.first_layer == "v1")
         self.norm_in = make_norm(cfg)                       # Norm_2
         if not self.pre_ln:
             self.norm_out = make_norm(cfg)                  # Norm_1
@@ -221,34 +264,69 @@ class PreDyT(Variant):
     """Pre-DyT (Zhu et al., arXiv 2503.10622): h = e;  h <- h + F(DyT(h));  output DyT(h).
     alpha init: `norm.alpha_attn` before attention, `norm.alpha_other` before the MLP and at the output."""
 
+    @dataclass
+    class Options(NormOptions):
+        alpha_attn: float = 0.5       # DyT alpha at init, attention sublayers
+        alpha_other: float = 0.5      # DyT alpha at init, other Norms
+
+        def __post_init__(self):
+            super().__post_init__()
+            for key in ("alpha_attn", "alpha_other"):
+                if not (_is_number(getattr(self, key)) and math.isfinite(getattr(self, key))):
+                    bad(f"norm.{key}", getattr(self, key), "must be a finite number")
+
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
-        self.norm = DyT(cfg.n_embd, cfg.dyt_alpha_attn if self.is_attn else cfg.dyt_alpha_other)
+        self.norm = DyT(cfg.n_embd, cfg.norm.alpha_attn if self.is_attn else cfg.norm.alpha_other)
 
     def forward(self, h, f):
         return h + f(self.norm(h))
 
     @classmethod
     def output_step(cls, cfg):
-        return DyT(cfg.n_embd, cfg.dyt_alpha_other) if cfg.final_norm else nn.Identity()
+        return DyT(cfg.n_embd, cfg.norm.alpha_other) if cfg.norm.final_norm else nn.Identity()
+
+
+@dataclass
+class SphereOptions(NormOptions):
+    """The `norm.*` keys of the sphere family (GeoNorm, the SpheretNorms)."""
+    decay: str = "none"               # step decay lambda: none | harmonic | sqrt | linear
+    decay_index: str = "block"        # lambda indexed by block k of N | sublayer j+1 of 2N
+    sublayer_input: str = "raw"       # F reads the raw stream h (raw) or Norm(h) (norm)
+    target_angle: Optional[float] = None  # initial step sizes set so the mean angle at init is this (rad); null: the _init value
+
+    def __post_init__(self):
+        super().__post_init__()
+        DECAYS[self.decay]
+        if self.decay_index not in ("block", "sublayer"):
+            bad("norm.decay_index", self.decay_index, "valid: block, sublayer")
+        if self.sublayer_input not in ("raw", "norm"):
+            bad("norm.sublayer_input", self.sublayer_input, "valid: raw, norm")
+        if self.target_angle is not None and not (_is_number(self.target_angle)
+                                                  and 0 < self.target_angle < self.angle_bound()):
+            bad("norm.target_angle", self.target_angle, f"must be a number in (0, {self.angle_bound():.4g}) rad "
+                "(the rule's bound), or null")
+
+    def angle_bound(self) -> float:
+        return math.inf
 
 
 class _SphereVariant(Variant):
     """Shared plumbing of the sphere family: F sees h directly, the update is a rotation of h."""
 
-    reads_sublayer_input = True
+    Options = SphereOptions
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         # lambda indexed by block k of N (default, attention and MLP of a block share it) or by
         # sublayer j+1 of 2N (`norm.decay_index=sublayer`): the papers do not say which [choice].
-        idx, n = (self.k, cfg.n_layer) if cfg.decay_index == "block" else (j + 1, 2 * cfg.n_layer)
-        self.lam = decay_factor(cfg.decay, idx, n)
+        idx, n = (self.k, cfg.n_layer) if cfg.norm.decay_index == "block" else (j + 1, 2 * cfg.n_layer)
+        self.lam = decay_factor(cfg.norm.decay, idx, n)
         self.track = False                       # the monitor turns this on at stats steps
         self.last_theta: Optional[torch.Tensor] = None
         # `norm.sublayer_input=norm`: F reads Norm(h) instead of the raw stream (the papers feed h;
         # default raw, our reading). The rotation still acts on the raw h.
-        self.in_norm = make_norm(cfg) if cfg.sublayer_input == "norm" else None
+        self.in_norm = make_norm(cfg) if cfg.norm.sublayer_input == "norm" else None
         self._record_r: Optional[list] = None    # calibrate() collects the raw steps r here
 
     def angle(self, r: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
@@ -262,8 +340,6 @@ class _SphereVariant(Variant):
         """The largest angle the rule can produce (the monitor reports the share of tokens near it)."""
         return math.inf
 
-    supports_target_angle = True
-
     def scale_for(self, r: torch.Tensor, target: float) -> float:
         """The initial step-size value that turns tokens with raw step r = ||v||/||h|| (the mean over a
         batch) by `target` on average; the variant's inverse of its angle rule."""
@@ -271,6 +347,11 @@ class _SphereVariant(Variant):
 
     def set_initial_scale(self, value: float) -> None:
         raise NotImplementedError
+
+    @classmethod
+    def init_weights(cls, model):
+        if model.config.norm.target_angle is not None:  # `norm.target_angle`: the step-0 calibration
+            cls.calibrate(model, model.config.norm.target_angle)
 
     @classmethod
     @torch.no_grad()
@@ -315,13 +396,28 @@ class GeoNorm(_SphereVariant):
     h <- cos(theta) h + sin(theta) ||h|| v/||v||;  output Norm(h) [choice].
     a (init `norm.a_init`, 1) and b (init 0) are learnable float scalars per sublayer; lambda_k from `norm.decay`."""
 
-    default_decay = "harmonic"
+    @dataclass
+    class Options(SphereOptions):
+        decay: str = "harmonic"       # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
+        clamp: float = math.pi / 4    # angle clamp c (pi/4)
+        a_init: float = 1.0           # a at init
+
+        def __post_init__(self):
+            if not (_is_number(self.clamp) and 0 < self.clamp <= math.pi):
+                bad("norm.clamp", self.clamp, "must be in (0, pi]")
+            if not (_is_number(self.a_init) and math.isfinite(self.a_init)):
+                bad("norm.a_init", self.a_init, "must be a finite number")
+            super().__post_init__()
+
+        def angle_bound(self):
+            return self.clamp
+
     optim_groups = {"a": "scalars", "b": "scalars"}
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
-        self.clamp = cfg.geonorm_clamp
-        self.a = nn.Parameter(torch.tensor(float(cfg.a_init)))
+        self.clamp = cfg.norm.clamp
+        self.a = nn.Parameter(torch.tensor(float(cfg.norm.a_init)))
         self.b = nn.Parameter(torch.tensor(0.0))
 
     def angle_params(self):
@@ -358,14 +454,33 @@ class SpheretNorm(_SphereVariant):
     h <- cos(theta) h + sin(theta) ||h|| z/||z||;  output Norm(h) [choice].
     alpha_k = softplus(rho) per sublayer, initialised to `norm.alpha_init` (1); lambda_k = 1/sqrt(k) by default."""
 
-    default_decay = "sqrt"
-    default_embed_norm = "scalenorm"
+    @dataclass
+    class Options(SphereOptions):
+        fixed_p: ClassVar[Optional[float]] = None  # set by the variants that are one member of the p-family
+        decay: str = "sqrt"           # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
+        embed_norm: str = "scalenorm" # input step: none | layer | scalenorm | unit
+        p: float = 1.0                # p of the retraction (> 0; .inf = the exponential map)
+        alpha_init: float = 1.0       # softplus(rho) at init
+
+        def __post_init__(self):
+            fixed = self.fixed_p
+            if not (_is_number(self.p) and self.p > 0):  # also rejects NaN
+                bad("norm.p", self.p, "must be a number > 0 (.inf in YAML for the exponential map)")
+            if fixed is not None and self.p != fixed:
+                bad("norm.p", self.p, f"norm.name={self.name} means p={fixed:g}; use norm=spheret to choose p")
+            if not (_is_number(self.alpha_init) and 0 < self.alpha_init < math.inf):
+                bad("norm.alpha_init", self.alpha_init, "must be a finite number > 0 (softplus(rho) at init)")
+            super().__post_init__()
+
+        def angle_bound(self):
+            return self.p * math.pi / 2
+
     optim_groups = {"rho": "scalars"}
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
-        self.p = cfg.p
-        self.rho = nn.Parameter(torch.tensor(_inverse_softplus(cfg.alpha_init)))
+        self.p = cfg.norm.p
+        self.rho = nn.Parameter(torch.tensor(_inverse_softplus(cfg.norm.alpha_init)))
 
     def angle_params(self):
         return (self.rho,)
@@ -392,14 +507,20 @@ class SpheretNorm(_SphereVariant):
 class ProjSpheretNorm(SpheretNorm):
     """1-SpheretNorm: the metric-projection retraction ||h|| (h+u)/||h+u|| (p = 1)."""
 
-    fixed_p = 1.0
+    @dataclass
+    class Options(SpheretNorm.Options):
+        fixed_p: ClassVar[Optional[float]] = 1.0
+        p: float = 1.0                # fixed: 1 (use norm=spheret to choose p)
 
 
 @register("cay_spheret")
 class CaySpheretNorm(SpheretNorm):
     """2-SpheretNorm: the Cayley retraction (p = 2)."""
 
-    fixed_p = 2.0
+    @dataclass
+    class Options(SpheretNorm.Options):
+        fixed_p: ClassVar[Optional[float]] = 2.0
+        p: float = 2.0                # fixed: 2 (use norm=spheret to choose p)
 
 
 # ---- optional extras beyond the two papers' baseline lists (docs/variants.md, "Summary") ----
@@ -506,8 +627,10 @@ class NGPT(Variant):
     every matrix renormalized along the embedding dimension after each applied optimizer step;
     no weight decay, no warmup."""
 
-    default_final_norm = False
-    default_embed_norm = "unit"
+    @dataclass
+    class Options(NormOptions):
+        embed_norm: str = "unit"      # input step: none | layer | scalenorm | unit
+        final_norm: bool = False      # output Norm before the LM head
     optim_overrides = {"weight_decay": 0.0, "warmup_steps": 0}
 
     def __init__(self, cfg, j):

@@ -126,7 +126,7 @@ def main() -> None:
                                     "--work", str(work), "--workers", str(args.workers),
                                     "--shard-size", str(args.shard_size)],
                                    capture_output=True, text=True, cwd=ROOT)
-                line = [l for l in r.stdout.splitlines() if l.startswith("RESULT ")]
+                line = [s for s in r.stdout.splitlines() if s.startswith("RESULT ")]
                 if r.returncode or not line:
                     sys.exit(f"{method} failed:\n{r.stderr[-3000:]}")
                 res = json.loads(line[0][7:])

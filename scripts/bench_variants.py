@@ -41,16 +41,15 @@ def saved_bytes(model, x, y) -> int:
 
 
 def arch_preset(name: str) -> dict:
-    """GPTConfig fields a configs/arch/<name>.yaml preset sets (its model.* axes and norm.kind)."""
+    """The GPTConfig fields and the norm keys a configs/arch/<name>.yaml preset sets (its model.* axes
+    and norm.kind)."""
     path = Path(__file__).resolve().parents[1] / "configs" / "arch" / f"{name}.yaml"
     if not path.is_file():
         valid = ", ".join(sorted(p.stem for p in path.parent.glob("*.yaml")))
         raise SystemExit(f"bench_variants.py: unknown --arch {name!r}: valid are {valid}")
     cfg = yaml.safe_load(path.read_text())
     kw = {k: v for k, v in cfg["model"].items() if k != "arch"}
-    if "kind" in cfg.get("norm", {}):
-        kw["norm_kind"] = cfg["norm"]["kind"]
-    return kw
+    return kw, {k: v for k, v in cfg.get("norm", {}).items() if k == "kind"}
 
 
 def step(model, x, y):
@@ -79,12 +78,12 @@ def main():
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
     ap.add_argument("--arch", default="gpt2", help="architecture preset, a file of configs/arch/ (default gpt2)")
     args = ap.parse_args()
-    arch_kw = arch_preset(args.arch)
+    arch_kw, arch_norm = arch_preset(args.arch)
 
     def build(norm):
         torch.manual_seed(0)
         return GPT(GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
-                             n_embd=args.n_embd, norm=norm, **arch_kw))
+                             n_embd=args.n_embd, norm={"name": norm, **arch_norm}, **arch_kw))
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)

@@ -117,7 +117,7 @@ def part_a(runs, out: Path) -> list[str]:
              "| rank | variant | best lr | final val loss, mean ± std (seeds) | "
              + " | ".join(f"lr {lr:g} (seed 0)" for lr in lrs) + " |",
              "|---" * (4 + len(lrs)) + "|"]
-    for i, (mean, label, b, losses, seed0) in enumerate(rows, 1):
+    for i, (_mean, label, b, losses, seed0) in enumerate(rows, 1):
         seeds = ",".join(str(r.seed) for r in b["runs"])
         tried = [float(v) for v in b["by_value"]]
         edge = " (edge)" if len(tried) > 1 and float(b["value"]) in (min(tried), max(tried)) else ""
@@ -242,7 +242,7 @@ def part_c(runs, out: Path) -> list[str]:
                      + " | ".join(cells) + " |")
     rank_lines = []
     for t in marks:
-        order = sorted(curves, key=lambda l: dict(zip(curves[l][0], curves[l][1]))[t])
+        order = sorted(curves, key=lambda c: dict(zip(curves[c][0], curves[c][1]))[t])
         rank_lines.append(f"- {t / 1e6:.2f}M tokens: " + " < ".join(order))
     lines += ["", "Ranking (lowest loss first) at each token count:", ""] + rank_lines
     lines += ["", "Crossings (the sign of the difference of the seed means changes between two evaluations, "
@@ -285,7 +285,7 @@ def part_c(runs, out: Path) -> list[str]:
 
 def part_d(runs, out: Path) -> list[str]:
     groups = by(runs, lambda r: r.base)
-    groups = {k: groups[k] for k in sorted(groups, key=lambda l: (l.split("-")[0], "-" in l, l))}
+    groups = {k: groups[k] for k in sorted(groups, key=lambda g: (g.split("-")[0], "-" in g, g))}
     lines = ["### (d) Choice ablations at the best setting (seeds 0, 1)", "",
              "| variant / change | final val loss | Δ vs its baseline | Δ beyond the seed spread? |", "|---|---|---|---|"]
     for lbl, rs in groups.items():
@@ -415,5 +415,5 @@ def report(root: Path, docs: Path) -> None:
 if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
     import sys
 
-    print(f"usage: scripts/fidelity_report.py is imported by fidelity_study.py (python scripts/fidelity_study.py report); it is not a command", file=sys.stderr)
+    print("usage: scripts/fidelity_report.py is imported by fidelity_study.py (python scripts/fidelity_study.py report); it is not a command", file=sys.stderr)
     sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

@@ -58,8 +58,8 @@ def ablate(run_dir: Path, tokens: int) -> dict:
         model.blocks[k] = SkippedBlock()
         losses.append(val_loss(model, loader))
         model.blocks[k] = block
-    return {"run": str(run_dir), "norm": model.config.norm, "step": ckpt["step"], "tokens": loader.num_tokens,
-            "base_loss": base, "skipped_loss": losses, "increase": [l - base for l in losses]}
+    return {"run": str(run_dir), "norm": model.config.norm.name, "step": ckpt["step"], "tokens": loader.num_tokens,
+            "base_loss": base, "skipped_loss": losses, "increase": [x - base for x in losses]}
 
 
 def plot(result: dict, out: Path) -> None:

@@ -115,7 +115,7 @@ def read_metrics(path: Path) -> dict[str, list]:
         except json.JSONDecodeError:
             if i == len(lines) - 1:
                 continue
-            raise SystemExit(f"{path}:{i + 1}: not a JSON line")
+            raise SystemExit(f"{path}:{i + 1}: not a JSON line") from None
         out.setdefault(rec.get("kind", "?"), []).append(rec)
     return out
 
@@ -316,5 +316,5 @@ def add_wall_time(path: Path, part: str, seconds: float) -> None:
 if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
     import sys
 
-    print(f"usage: scripts/runlib.py is imported by plot_curves.py, make_table.py and the study scripts; it is not a command", file=sys.stderr)
+    print("usage: scripts/runlib.py is imported by plot_curves.py, make_table.py and the study scripts; it is not a command", file=sys.stderr)
     sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

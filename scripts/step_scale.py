@@ -143,7 +143,7 @@ def main(argv=None) -> int:
         try:
             results[label] = measure([*common, *ovr.split(",")], args.lr, args.random)
         except UserError as e:
-            raise SystemExit(f"cell {label}: {e}")
+            raise SystemExit(f"cell {label}: {e}") from None
         print(f"# {label}: done", file=sys.stderr, flush=True)
     print(f"common overrides: {' '.join(common)}")
     print(table(results))

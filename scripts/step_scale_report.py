@@ -155,7 +155,7 @@ def chaos_lines(root: Path, rows: dict[str, dict]) -> list[str]:
     return lines
 
 
-def trend_lines(root: Path, rows_a: dict[str, dict]) -> tuple[list[str], dict]:
+def trend_lines(root: Path, rows_a: dict[str, dict], n_params: dict) -> tuple[list[str], dict]:
     runs = [r for r in runlib.load_sweep(root / "step_scale_c") if r.finished]
     if not runs:
         return ["(not run yet)"], {}
@@ -171,11 +171,11 @@ def trend_lines(root: Path, rows_a: dict[str, dict]) -> tuple[list[str], dict]:
         sph = rows_a.get(sphere) if shape == "w128" else rows_c.get(prefix + sphere)
         if not pre or not sph or sphere is None:
             continue
-        params = (pre["runs"][0].summary or {}).get("params")
+        params = n_params.get(shape)
         d, lo, hi = diff_ci(sph["losses"], pre["losses"])
         p = welch_p(sph["losses"], pre["losses"])
         edge = " (edge)" if pre["edge"] or sph["edge"] else ""
-        lines.append(f"| {shape} | {params or '—'} | {pre['lr']:g}{' (edge)' if pre['edge'] else ''}: "
+        lines.append(f"| {shape} | {f'{params:,}' if params else '—'} | {pre['lr']:g}{' (edge)' if pre['edge'] else ''}: "
                      f"{pre['summary'].mean_std()} {pre['summary'].ci()} | {sph['lr']:g}{' (edge)' if sph['edge'] else ''}: "
                      f"{sph['summary'].mean_std()} {sph['summary'].ci()} | {d:+.3f} [{_fmt(lo)}, {_fmt(hi)}]{edge} | "
                      f"{'—' if p is None else f'p={p:.2g}'} |")
@@ -302,7 +302,7 @@ def report(root: Path, docs: Path) -> None:
              "## (b) Chaos control", "", "Seed 0 at the best lr rerun with train.threads=2: only the floating-point "
              "order of the CPU kernels differs. A difference above a quarter of the seed std reads as chaotic.", "",
              *chaos_lines(root, rows), ""]
-    trend, fit = trend_lines(root, rows)
+    trend, fit = trend_lines(root, rows, n_params)
     lines += ["## (c) Trend with size", "", "Pre-LN and the best sphere cell of (a), each at its own best lr, "
               "3 seeds; w128 is part (a)'s setting. Gap = sphere minus Pre-LN (positive: the sphere cell trails), "
               "with its Welch-Satterthwaite 95% interval.", "", *trend, "", *_width_fit(fit, n_params), ""]
@@ -316,5 +316,5 @@ def report(root: Path, docs: Path) -> None:
 if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
     import sys
 
-    print(f"usage: scripts/step_scale_report.py is imported by step_scale_study.py (python scripts/step_scale_study.py report); it is not a command", file=sys.stderr)
+    print("usage: scripts/step_scale_report.py is imported by step_scale_study.py (python scripts/step_scale_study.py report); it is not a command", file=sys.stderr)
     sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

@@ -98,7 +98,7 @@ def load_points(path: str) -> dict:
         with open(path) as f:
             points = yaml.safe_load(f)
     except OSError as e:
-        raise SystemExit(f"--points {path}: {e.strerror}")
+        raise SystemExit(f"--points {path}: {e.strerror}") from None
     if not isinstance(points, dict) or not all(isinstance(v, (dict, type(None))) for v in points.values()):
         raise SystemExit(f"--points {path}: expected a mapping label -> {{key: value}}")
     return points

@@ -142,7 +142,7 @@ def test_presets_set_the_documented_axes():
             "neox": ("rope", "gelu", True, False, False, "layernorm")}
     for arch, axes in want.items():
         c = preset(arch, "geonorm")
-        assert (c.pos_emb, c.mlp, c.bias, c.tie_embeddings, c.qk_norm, c.norm_kind) == axes, arch
+        assert (c.pos_emb, c.mlp, c.bias, c.tie_embeddings, c.qk_norm, c.norm.kind) == axes, arch
     assert preset("neox").rope_dims == 4  # a quarter of head_dim 16
 
 
@@ -172,11 +172,10 @@ def test_unknown_model_key_and_arch_names():
 def test_every_variant_trains_every_parameter_on_every_preset(arch):
     """Each parameter gets a finite gradient (an unused one would also break DDP), for every variant."""
     x = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
-    base = preset(arch).to_dict()  # composed once; each variant then takes its own defaults (None)
+    base = preset(arch).to_dict()  # composed once; each variant then takes its own defaults but the preset's kind
     for norm in VARIANTS:
         torch.manual_seed(0)
-        model = GPT(GPTConfig.from_dict({**base, "norm": norm, "decay": None, "p": None, "embed_norm": None,
-                                         "final_norm": None}))
+        model = GPT(GPTConfig.from_dict({**base, "norm": {"name": norm, "kind": base["norm"]["kind"]}}))
         _, loss = model(x, x)
         assert abs(loss.item() - math.log(V)) < 1.0, (arch, norm)
         loss.backward()

@@ -35,7 +35,7 @@ def test_keys_missing_from_the_yaml_are_overridden_without_plus():
     rc = parse_run_config(cfg)
     assert rc.train.max_steps == 3 and rc.optim.groups.scalars == GroupConfig(lr_mult=30.0, weight_decay=0.0)
     m = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=257)
-    assert m.norm == "geonorm" and m.geonorm_clamp == 0.5
+    assert m.norm.name == "geonorm" and m.norm.clamp == 0.5
     assert DataConfig.from_any(cfg.data).max_docs == 10
 
 
@@ -53,24 +53,24 @@ def test_variant_defaults_come_from_its_class_through_hydra(name):
     cfg = composed(f"norm={name}")
     assert cfg.norm.decay is None and cfg.norm.embed_norm is None and cfg.norm.final_norm is None and cfg.norm.p is None
     m = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=257)
-    v = VARIANTS[name]
-    assert (m.decay, m.embed_norm, m.final_norm) == (v.default_decay, v.default_embed_norm, v.default_final_norm)
-    assert m.p == (v.fixed_p or 1.0)
+    assert m.norm == VARIANTS[name].Options(name=name)  # every key at the variant's own default
 
 
 def test_an_explicit_setting_beats_the_variant_default():
     cfg = composed("norm=geonorm", "norm.decay=none", "norm.final_norm=false")
     m = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=257)
-    assert (m.decay, m.final_norm) == ("none", False)
+    assert (m.norm.decay, m.norm.final_norm) == ("none", False)
 
 
 def test_wrong_types_are_one_line_naming_the_key():
     for override, msg in (("train.max_steps=abc", "bad config train.max_steps='abc': must be an integer"),
-                          ("norm.clamp=abc", "bad config norm.clamp='abc': must be a number"),
+                          ("norm=geonorm norm.clamp=abc", "bad config norm.clamp='abc': must be a number"),
+                          ("norm.clamp=0.5", "bad config norm.clamp=0.5: not an option of norm.name=pre_ln (its "
+                                             "options: name, kind, eps, embed_norm, final_norm, learn_radius)"),
                           ("model.bias=1", "bad config model.bias=1: must be true or false"),
                           ("optim.groups.vectors.lr_mult=[1]", "bad config optim.groups.vectors.lr_mult=[1]: must be a number")):
         with pytest.raises(ConfigError) as e:
-            parse_run_config(composed(override))
+            parse_run_config(composed(*override.split()))
         assert str(e.value) == msg
 
 

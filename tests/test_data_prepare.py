@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import unregister
+
 from data import DataError, TrainLoader, ValLoader, get_tokenizer, prepare_dataset
 from data.config import DataConfig
 from data.prepare import compose_data_config
@@ -153,7 +155,19 @@ def shard_shas(out):
     return {sh["file"]: sh["sha256"] for s in meta["splits"].values() for sh in s["shards"]}
 
 
-def test_interrupted_preparation_resumes(tmp_path, capsys):
+def fail_after_shards(monkeypatch, n: int) -> None:
+    """Make preparation die right after the progress checkpoint that follows its n-th finished shard."""
+    import data.prepare as P
+    real = P._save_progress
+
+    def save(out, *args):
+        real(out, *args)
+        if len(list(Path(out).glob("*_*.bin"))) >= n:
+            raise RuntimeError(f"injected failure after {n} shards")
+    monkeypatch.setattr(P, "_save_progress", save)
+
+
+def test_interrupted_preparation_resumes(tmp_path, capsys, monkeypatch):
     f = write_jsonl(tmp_path / "c.jsonl", DOCS * 3)
     kw = dict(files=[str(f)], shard_size=2500, batch_docs=8, num_workers=2)
     clean = prepare_dataset(cfg(tmp_path / "clean", **kw), progress=False)
@@ -161,8 +175,9 @@ def test_interrupted_preparation_resumes(tmp_path, capsys):
     assert len(expected) >= 8
 
     c = cfg(tmp_path, **kw)
-    with pytest.raises(RuntimeError, match="injected failure"):
-        prepare_dataset(c, progress=False, _fail_after_shards=3)
+    with monkeypatch.context() as m, pytest.raises(RuntimeError, match="injected failure"):
+        fail_after_shards(m, 3)
+        prepare_dataset(c, progress=False)
     out = DataConfig.from_any(c).out_dir
     done = sorted(p.name for p in out.glob("*.bin"))
     assert len(done) >= 3 and not (out / "meta.json").exists() and (out / "progress.json").exists()
@@ -179,8 +194,9 @@ def test_interrupted_preparation_resumes(tmp_path, capsys):
 
     # a finished shard that no longer matches its sha256 is not trusted: start over, same result
     c2 = cfg(tmp_path / "b", **kw)
-    with pytest.raises(RuntimeError):
-        prepare_dataset(c2, progress=False, _fail_after_shards=2)
+    with monkeypatch.context() as m, pytest.raises(RuntimeError):
+        fail_after_shards(m, 2)
+        prepare_dataset(c2, progress=False)
     out2 = DataConfig.from_any(c2).out_dir
     first = sorted(out2.glob("train_*.bin"))[0]
     first.write_bytes(first.read_bytes()[:-2] + b"\0\0")
@@ -230,7 +246,7 @@ def test_errors_are_one_line(tmp_path, monkeypatch):
     try:
         err(cfg(tmp_path, tokenizer="huge", files=[str(wrong)]), r"has 70000 ids, more than the uint16 shards hold")
     finally:
-        T.TOKENIZERS.unregister("huge")
+        unregister(T.TOKENIZERS, "huge")
         T.get_tokenizer.cache_clear()
 
 
@@ -323,7 +339,7 @@ def test_readme_adopt_shards_command_works_and_reruns(tmp_path):
     src.mkdir()
     write_shard(src / "fineweb_val_000000.bin", np.arange(100, 300, dtype=np.uint16))
     write_shard(src / "fineweb_train_000001.bin", np.arange(1000, 1500, dtype=np.uint16))
-    for attempt in range(2):  # the second run finds it prepared and prints the same summary
+    for _ in range(2):  # the second run finds it prepared and prints the same summary
         r = run_prepare("data=local", "data.name=fw10B", "data.source=shards", f"data.path={src}",
                         f"data.root={tmp_path / 'cache'}")
         assert r.returncode == 0, r.stderr[-2000:]

@@ -313,7 +313,7 @@ def test_every_experiment_config_composes() -> None:
             # one rank, no accumulation remainder
             assert rc.train.batch_tokens % (rc.train.micro_batch_size * cfg.model.block_size) == 0, name
             points = dict(meta.points) if "points" in meta else {v: {"norm": v} for v in meta.variants}
-            for label, ovr in points.items():  # each point as sweep.py passes it: Hydra overrides
+            for ovr in points.values():  # each point as sweep.py passes it: Hydra overrides
                 pc = OmegaConf.merge(cfg, {"norm": OmegaConf.load(CONFIGS / "norm" / f"{ovr['norm']}.yaml")})
                 for k, v in ovr.items():
                     if k != "norm":
@@ -388,7 +388,7 @@ def test_bench_data_baseline_on_a_corpus_smaller_than_its_batch_count(tmp_path):
 def test_bench_train_leaves_no_temp_dirs(tmp_path):
     import os
     import subprocess
-    from test_train import TINY
+    from helpers import TINY
 
     env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
     r = subprocess.run([sys.executable, str(SCRIPTS / "bench_train.py"), "--steps", "2", "--repeats", "1",
@@ -496,7 +496,7 @@ def test_table_says_ahead_only_where_welch_separates(tmp_path: Path, capsys) -> 
 def test_run_above_its_initial_loss_is_marked_failed(tmp_path: Path, capsys) -> None:
     good = make_run(tmp_path / "r" / "pre_ln-s0", "pre_ln", 0, 3.0)
     bad = make_run(tmp_path / "r" / "pre_ln-s1", "pre_ln", 1, 3.0)
-    lines = [json.loads(l) for l in (bad / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(s) for s in (bad / "metrics.jsonl").read_text().splitlines()]
     for rec in lines:  # training went backwards: the last evaluation is above the first
         if rec["kind"] == "eval" and rec["step"] > 0:
             rec["val_loss"] = 7.5

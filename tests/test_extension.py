@@ -1,34 +1,42 @@
-"""Extending nanonorm: a new variant, LR schedule or data source is its code plus its test.
+"""Extending nanonorm: a new variant, a variant's option, an LR schedule or a data source is its code
+plus its test.
 
 Each test defines the component here, as a user would in their own module, and uses it by name
 through the same config path as the built-in ones (no YAML, no edits elsewhere).
 """
+from dataclasses import dataclass
+
 import pytest
 
 from common import ConfigError
-from model.variants import VARIANTS, Variant, register
+from model.variants import VARIANTS, NormOptions, Variant, register
 from model.norms import make_norm
 from trainer.config_store import register_code_configs
 from trainer.loop import train
 from trainer.schedules import SCHEDULES, Schedule
 
-from test_train import make_cfg, records
+from helpers import make_cfg, records, unregister
 
 
 @pytest.fixture
 def scaled_pre_ln():
     @register("scaled_pre_ln")
     class ScaledPreLN(Variant):
-        """h <- h + 0.5 F(Norm(h)): a new rule, declared in one class."""
+        """h <- h + s F(Norm(h)): a new rule and its option `norm.scale`, declared in one class."""
+
+        @dataclass
+        class Options(NormOptions):
+            scale: float = 0.5            # the factor s on F
 
         def __init__(self, cfg, j):
             super().__init__(cfg, j)
             self.norm = make_norm(cfg)
+            self.scale = cfg.norm.scale
 
         def forward(self, h, f):
-            return h + 0.5 * f(self.norm(h))
+            return h + self.scale * f(self.norm(h))
     yield ScaledPreLN
-    VARIANTS.unregister("scaled_pre_ln")
+    unregister(VARIANTS, "scaled_pre_ln")
 
 
 def test_new_variant_is_a_norm_option_without_yaml(tmp_path, scaled_pre_ln):
@@ -37,6 +45,18 @@ def test_new_variant_is_a_norm_option_without_yaml(tmp_path, scaled_pre_ln):
     assert r["steps"] == 3
     assert records(tmp_path / "r", "summary")[0]["norm"] == "scaled_pre_ln"
     assert "pre_ln" not in register_code_configs()  # variants with a YAML keep it
+
+
+def test_new_variant_option_is_one_field(tmp_path, scaled_pre_ln):
+    register_code_configs()
+    r = train(make_cfg(tmp_path / "r", "norm=scaled_pre_ln", "norm.scale=0.25", "train.max_steps=2"))
+    assert r["steps"] == 2
+    from trainer import checkpoint as ck
+    assert ck.load_checkpoint(ck.find_latest(tmp_path / "r"))["model_config"]["norm"]["scale"] == 0.25
+    with pytest.raises(ConfigError, match=r"^bad config norm.scale=0.25: not an option of norm.name=pre_ln"):
+        train(make_cfg(tmp_path / "bad", "norm=pre_ln", "norm.scale=0.25"))
+    with pytest.raises(ConfigError, match=r"^bad config norm.scale='x': must be a number$"):
+        train(make_cfg(tmp_path / "bad2", "norm=scaled_pre_ln", "norm.scale=x"))
 
 
 def test_new_lr_schedule_is_one_class(tmp_path):
@@ -53,7 +73,7 @@ def test_new_lr_schedule_is_one_class(tmp_path):
         lrs = [rec["lr"] for rec in records(tmp_path / "r", "train")]
         assert lrs == pytest.approx([0.01, 0.01, 0.005, 0.005])
     finally:
-        SCHEDULES.unregister("step_half")
+        unregister(SCHEDULES, "step_half")
     with pytest.raises(ConfigError, match=r"unknown optim.schedule='step_half': valid are cosine, wsd, constant"):
         train(make_cfg(tmp_path / "bad", "optim.schedule=step_half"))
 
@@ -71,6 +91,6 @@ def test_new_data_source_is_one_function(tmp_path):
         (stream,) = open_streams(cfg)
         assert next(stream.batches(0))[0] == "document 1: ab "
     finally:
-        SOURCES.unregister("numbers")
+        unregister(SOURCES, "numbers")
     with pytest.raises(Exception, match=r"unknown data.source='numbers'"):
         DataConfig.from_any({"name": "n", "source": "numbers", "tokenizer": "bytes", "root": str(tmp_path)})

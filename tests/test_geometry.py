@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from common.stats import summarize, verdict, welch_p, bootstrap_slope, power_law_fit
-from model import GPT, GPTConfig, ConfigError
+from model import GPT, ConfigError
+from helpers import gpt_config
 from model.geometry import angle_between, stream_geometry, update_ratios
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -18,9 +19,7 @@ V, T, D = 64, 8, 32
 
 def build(norm="pre_ln", seed=0, **kw):
     torch.manual_seed(seed)
-    cfg = dict(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D, norm=norm)
-    cfg.update(kw)
-    return GPT(GPTConfig(**cfg))
+    return GPT(gpt_config(norm, **{**dict(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D), **kw}))
 
 
 def batch(b=3, seed=1):
@@ -67,7 +66,7 @@ def test_pre_ln_effective_angle_at_init_matches_a_hand_computation():
 
 
 def test_sphere_effective_angle_is_the_rules_theta():
-    m = build("proj_spheret", norm_kind="layernorm").eval()
+    m = build("proj_spheret", kind="layernorm").eval()
     x, y = batch()
     m.set_stats_tracking(True)
     geo = stream_geometry(m, x, y)
@@ -185,7 +184,7 @@ def test_bad_knob_values_are_one_line(kw, key):
 
 
 def test_sublayer_input_only_for_the_sphere_family():
-    with pytest.raises(ConfigError, match="norm.sublayer_input='norm': only the sphere family"):
+    with pytest.raises(ConfigError, match="norm.sublayer_input='norm': not an option of norm.name=pre_ln"):
         build("pre_ln", sublayer_input="norm")
 
 
@@ -251,8 +250,8 @@ def test_difference_interval_matches_welch():
 @pytest.mark.parametrize("d,n_layer", [(32, 2), (128, 4)])
 def test_target_angle_calibrates_the_first_rotations_at_any_width(norm, d, n_layer):
     torch.manual_seed(0)
-    m = GPT(GPTConfig(vocab_size=V, block_size=32, n_layer=n_layer, n_head=2, n_embd=d, norm=norm,
-                      target_angle=0.2)).eval()
+    m = GPT(gpt_config(norm, vocab_size=V, block_size=32, n_layer=n_layer, n_head=2, n_embd=d,
+                       target_angle=0.2)).eval()
     x = torch.randint(0, V, (4, 32), generator=torch.Generator().manual_seed(5))  # not the calibration batch
     geo = stream_geometry(m, x)
     angles = [geo[f"geo/angle/{j}"].item() for j in range(2 * n_layer)]
@@ -266,7 +265,7 @@ def test_target_angle_leaves_the_init_rng_and_other_weights_alone():
     a, b = build("proj_spheret"), build("proj_spheret", target_angle=0.2)
     for (name, p), q in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(p, q) == (not name.endswith("rho")), name
-    with pytest.raises(ConfigError, match="norm.target_angle=0.2: only the sphere family"):
+    with pytest.raises(ConfigError, match="norm.target_angle=0.2: not an option of norm.name=pre_ln"):
         build("pre_ln", target_angle=0.2)
     with pytest.raises(ConfigError, match=r"norm.target_angle=2.0: must be a number in \(0, 0.7854\)"):
         build("geonorm", target_angle=2.0)

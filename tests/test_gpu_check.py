@@ -5,7 +5,7 @@ import subprocess
 
 import pytest
 
-from test_train import REPO
+from helpers import REPO
 
 
 def _module():
@@ -21,8 +21,8 @@ def test_gpu_check_runs_every_check_on_cpu_and_prints_a_table():
     p = subprocess.run(["bash", "scripts/gpu_check.sh", "--device", "cpu", "--variants", "geonorm"], cwd=REPO,
                        env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
-    table = [l for l in p.stdout.splitlines() if l.startswith("| ")]
-    rows = {l.split("|")[1].strip(): l.split("|")[2].strip() for l in table[1:]}
+    table = [s for s in p.stdout.splitlines() if s.startswith("| ")]
+    rows = {s.split("|")[1].strip(): s.split("|")[2].strip() for s in table[1:]}
     assert rows == {"compile/geonorm": "PASS", "fused_adamw_skip": "PASS", "train_loop": "PASS",
                     "nccl_2proc": "SKIP", "throughput": "PASS", "memory/tiny/pre_ln": "PASS",
                     "memory/tiny/geonorm": "PASS"}, p.stdout

@@ -149,7 +149,7 @@ def _syncs_per_step(monkeypatch, tmp_path, *overrides):
     AdamW's reads of its per-parameter step counts, which live on the CPU."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from test_train import make_cfg
+    from helpers import make_cfg
     from trainer import distributed as D
     from trainer.config import parse_run_config
     from trainer.loop import Trainer
@@ -192,7 +192,7 @@ def test_host_syncs_per_step_fused_none_for_loop_one(monkeypatch, tmp_path):
 
 @pytest.mark.usefixtures("pydocs")
 def test_for_loop_adamw_trains_like_fused_and_skips_nonfinite_steps(tmp_path):
-    from test_train import make_cfg, records
+    from helpers import make_cfg, records
     from trainer.loop import train
 
     common = ["train.max_steps=4", "train.inject_nan_at=3", "optim.warmup_steps=10"]
@@ -273,7 +273,7 @@ def test_the_compiling_first_step_is_reported_apart(monkeypatch, tmp_path):
     """compile_s in the first train record; that step is in no tokens/s (null where it is alone)."""
     import time
 
-    from test_train import make_cfg, records
+    from helpers import make_cfg, records
     from trainer import loop
 
     def slow_compile(model, **kw):  # stands in for torch.compile: the first call takes 1 s

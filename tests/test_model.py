@@ -8,6 +8,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model import GPT, GPTConfig, VARIANTS, ConfigError
+from helpers import gpt_config
 from model.norms import LayerNorm
 from model.variants import DeepNorm, decay_factor
 
@@ -17,9 +18,7 @@ V, T, D, N = 256, 16, 32, 2
 
 
 def tiny(norm, **kw):
-    base = dict(vocab_size=V, block_size=T, n_layer=N, n_head=2, n_embd=D, norm=norm)
-    base.update(kw)
-    return GPTConfig(**base)
+    return gpt_config(norm, **{**dict(vocab_size=V, block_size=T, n_layer=N, n_head=2, n_embd=D), **kw})
 
 
 def build(norm, seed=0, **kw):
@@ -154,11 +153,12 @@ def test_decay_factors_per_block(norm, schedule, expected):
 
 
 def test_variant_default_decays_and_steps():
-    assert tiny("geonorm").decay == "harmonic" and tiny("spheret").decay == "sqrt"
-    assert tiny("pre_ln").decay == "none"
-    assert tiny("spheret").embed_norm == "scalenorm" and tiny("peri_ln").embed_norm == "layer"
-    assert not tiny("post_ln").final_norm and not tiny("keel").final_norm and tiny("geonorm").final_norm
-    assert tiny("cay_spheret").p == 2.0 and tiny("proj_spheret").p == 1.0 and tiny("spheret", p=math.inf).p == math.inf
+    assert tiny("geonorm").norm.decay == "harmonic" and tiny("spheret").norm.decay == "sqrt"
+    assert not hasattr(tiny("pre_ln").norm, "decay")  # only the sphere family has a step to decay
+    assert tiny("spheret").norm.embed_norm == "scalenorm" and tiny("peri_ln").norm.embed_norm == "layer"
+    assert not tiny("post_ln").norm.final_norm and not tiny("keel").norm.final_norm and tiny("geonorm").norm.final_norm
+    assert tiny("cay_spheret").norm.p == 2.0 and tiny("proj_spheret").norm.p == 1.0
+    assert tiny("spheret", p=math.inf).norm.p == math.inf
 
 
 def test_geonorm_scalars_are_float_parameters_with_gradients():
@@ -190,7 +190,7 @@ def test_deepnorm_constants(n_layer):
 def test_deepnorm_beta_applies_to_exactly_v_o_mlp(init):
     n, d = 4, 128
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=n, n_head=4, n_embd=d, norm="deepnorm", deepnorm_init=init))
+    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=n, n_head=4, n_embd=d, norm={"name": "deepnorm", "deepnorm_init": init}))
     beta = DeepNorm.beta(n)
 
     def want(fan_out, fan_in):
@@ -210,7 +210,7 @@ def test_deepnorm_beta_applies_to_exactly_v_o_mlp(init):
 
 @pytest.mark.parametrize("first", ["v1", "v2"])
 def test_keel_alpha_and_first_sublayers(first):
-    model = build("keel", n_layer=3, keel_first_layer=first)
+    model = build("keel", n_layer=3, first_layer=first)
     rules = model.rules()
     h = torch.randn(2, T, D)
     f = lambda x: 0.5 * x + 1.0  # noqa: E731  a stand-in sublayer
@@ -243,7 +243,7 @@ def test_peri_ln_is_sandwich_plus_embedding_norm():
 
 
 def test_post_ln_outputs_are_normalized_rows():
-    model = build("post_ln", norm_eps=0.0)  # eps is comparable to the tiny embeddings' variance
+    model = build("post_ln", eps=0.0)  # eps is comparable to the tiny embeddings' variance
     _, _, hidden = model(batch()[0], return_hidden=True)
     for h in hidden[1:]:
         assert torch.allclose(h.mean(-1), torch.zeros(h.shape[:2]), atol=1e-5)
@@ -251,7 +251,7 @@ def test_post_ln_outputs_are_normalized_rows():
 
 
 def test_rmsnorm_kind_everywhere():
-    model = build("sandwich", norm_kind="rmsnorm")
+    model = build("sandwich", kind="rmsnorm")
     norms = [m for m in model.modules() if m.__class__.__name__ in ("LayerNorm", "RMSNorm")]
     assert norms and all(m.__class__.__name__ == "RMSNorm" for m in norms)
 
@@ -301,7 +301,7 @@ def test_pre_ln_matches_independent_nanogpt():
 def test_pre_ln_rescaled_recursion(index):
     """GeoNorm paper sec. 3.3 / App. B: x_j = sqrt(j/(j+1)) x_{j-1} + phi_j(Norm(x_{j-1}))/sqrt(j+1)."""
     torch.manual_seed(0)
-    model = GPT(tiny("pre_ln", norm_eps=0.0, n_layer=3)).double()
+    model = GPT(tiny("pre_ln", eps=0.0, n_layer=3)).double()
     x, _ = batch()
     with torch.no_grad():
         h = model.wte(x) + model.wpe(torch.arange(T))
@@ -342,16 +342,18 @@ def test_kv_cache_incremental_equals_full_forward():
     (dict(norm="spheret", p="abc"), "norm.p"),
     (dict(norm="cay_spheret", p=3.0), "norm.p"),
     (dict(n_embd=30, n_head=4), "model.n_embd=30.*divisible by model.n_head=4"),
-    (dict(decay="cubic"), "norm.decay='cubic'.*harmonic"),
-    (dict(norm_kind="batchnorm"), "norm.kind='batchnorm'.*layernorm, rmsnorm"),
-    (dict(keel_first_layer="v3"), "norm.first_layer"),
+    (dict(norm="geonorm", decay="cubic"), "norm.decay='cubic'.*harmonic"),
+    (dict(norm="pre_ln", p=2.0), r"norm.p=2.0: not an option of norm.name=pre_ln \(its options: name, kind, eps"),
+    (dict(norm="pre_ln", learn_radius=False), "norm.learn_radius=False: read only with norm.embed_norm=scalenorm"),
+    (dict(kind="batchnorm"), "norm.kind='batchnorm'.*layernorm, rmsnorm"),
+    (dict(first_layer="v3"), "norm.first_layer"),
     (dict(embed_norm="xyz"), "norm.embed_norm"),
 ])
 def test_bad_config_fails_at_construction_with_one_line(kw, match):
     base = dict(vocab_size=V, block_size=T, n_layer=N, n_head=2, n_embd=D)
     base.update(kw)
     with pytest.raises(ConfigError, match=match) as err:
-        GPTConfig(**base)
+        gpt_config(**base)
     assert "\n" not in str(err.value)
 
 
@@ -360,8 +362,8 @@ def test_config_round_trip_and_from_hydra_pads_vocab():
     assert GPTConfig.from_dict(cfg.to_dict()) == cfg
     model_cfg = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=None, pad_vocab_to=64)
     c = GPTConfig.from_hydra(model_cfg, dict(name="geonorm", clamp=0.5, decay="sqrt"), vocab_size=50257)
-    assert c.vocab_size == 50304 and c.geonorm_clamp == 0.5 and c.decay == "sqrt"
-    with pytest.raises(ConfigError, match=r"^unknown key\(s\) norm.clmap: valid keys are name, kind, "):
+    assert c.vocab_size == 50304 and c.norm.clamp == 0.5 and c.norm.decay == "sqrt"
+    with pytest.raises(ConfigError, match=r"^unknown key\(s\) norm.clmap: valid keys are name, kind, .*clamp, a_init$"):
         GPTConfig.from_hydra(model_cfg, dict(name="geonorm", clmap=0.5), vocab_size=257)
 
 
@@ -379,10 +381,10 @@ def test_hydra_compose_every_norm_with_every_model():
             for n in norms:
                 cfg = compose("config", overrides=[f"model={m}", f"norm={n}"])
                 c = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=50257)
-                assert c.norm == n and c.n_layer == cfg.model.n_layer
+                assert c.norm.name == n and c.n_layer == cfg.model.n_layer
         for spelling in ("inf", ".inf"):  # Hydra's override grammar reads inf; YAML spells it .inf
             inf = compose("config", overrides=["norm=spheret", f"norm.p={spelling}"])
-            assert GPTConfig.from_hydra(inf.model, inf.norm, vocab_size=257).p == math.inf
+            assert GPTConfig.from_hydra(inf.model, inf.norm, vocab_size=257).norm.p == math.inf
     sizes = {"gpt_125m": 124e6, "gpt_350m": 355e6, "gpt_760m": 774e6, "gpt_1_3b": 1.31e9}
     with torch.device("meta"):  # parameter counts of the presets without allocating them
         with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
@@ -406,3 +408,19 @@ def test_mix_ln_is_post_ln_in_the_first_quarter_then_pre_ln():
     for j, r in enumerate(model.rules()):
         want = r.norm(h + f(h)) if j // 2 < 2 else h + f(r.norm(h))
         assert r.post == (j // 2 < 2) and torch.allclose(r(h, f), want, atol=1e-6)
+
+
+def test_a_checkpoint_config_of_the_flat_form_still_loads():
+    """Checkpoints written before the variants owned their options stored every norm key as a flat
+    field of model_config, whether the variant read it or not; they load as the same model."""
+    flat = dict(vocab_size=V, block_size=T, n_layer=N, n_head=2, n_embd=D, dropout=0.0, bias=True,
+                tie_embeddings=True, pos_emb="learned", rope_base=10000.0, rope_fraction=1.0, mlp="gelu",
+                mlp_hidden=None, qk_norm=False, init="nanogpt", embed_std=None, norm="geonorm",
+                norm_kind="rmsnorm", norm_eps=1e-5, decay="sqrt", p=1.0, geonorm_clamp=0.5, embed_norm="none",
+                final_norm=True, keel_first_layer="v2", dyt_alpha_attn=0.5, dyt_alpha_other=0.5,
+                deepnorm_init="scaled", learn_radius=True, decay_index="block", alpha_init=1.0, a_init=2.0,
+                sublayer_input="raw", target_angle=None)
+    c = GPTConfig.from_dict(flat)
+    assert c == tiny("geonorm", kind="rmsnorm", decay="sqrt", clamp=0.5, a_init=2.0)
+    assert GPTConfig.from_dict(c.to_dict()) == c
+    assert not hasattr(c.norm, "alpha_init")  # SpheretNorm's key, stored flat but never read by GeoNorm

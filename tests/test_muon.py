@@ -9,7 +9,7 @@ from trainer.config import ConfigError, MuonConfig, OptimConfig
 from trainer.loop import train
 from trainer.optim import MuonAdamW, build_optimizer, set_lr
 
-from test_train import assert_resume_is_exact, make_cfg, records, run_with_a_nan_step  # noqa: E402  (the tiny training config)
+from helpers import assert_resume_is_exact, make_cfg, records, run_with_a_nan_step  # noqa: E402  (the tiny training config)
 
 pytestmark = pytest.mark.usefixtures("pydocs")
 D = 32

@@ -12,7 +12,7 @@ from trainer.config import OptimConfig
 from trainer.loop import train
 from trainer.optim import LRSchedule, build_optimizer, for_variant
 
-from test_train import make_cfg, records  # noqa: E402  (the tiny training config)
+from helpers import make_cfg, records, unregister  # noqa: E402  (the tiny training config)
 
 D, V, T = 32, 64, 16
 
@@ -105,4 +105,4 @@ def test_loop_calls_the_hook_after_applied_steps_only(tmp_path):
         train(make_cfg(tmp_path, "norm.name=recorder", "train.max_steps=5", "train.inject_nan_at=3"))
         assert _Recorder.calls == [True, True, False, True, True]
     finally:
-        VARIANTS.unregister("recorder")
+        unregister(VARIANTS, "recorder")

@@ -11,13 +11,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import GPT, GPTConfig, VARIANTS
+from model import GPT, VARIANTS
+from helpers import gpt_config
 from model.config import ConfigError
 from model.norms import ScaleNorm
 from trainer.config import GroupConfig, GroupsConfig, OptimConfig
 from trainer.optim import build_optimizer, set_lr
 
-from test_train import assert_resume_is_exact, make_cfg, records  # noqa: F401  (shared tiny-run helpers)
+from helpers import assert_resume_is_exact, make_cfg, records
 from trainer import checkpoint as ck
 from trainer.loop import train
 
@@ -26,7 +27,7 @@ CPU = torch.device("cpu")
 
 def tiny(norm="pre_ln", **kw):
     torch.manual_seed(0)
-    return GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, norm=norm, **kw))
+    return GPT(gpt_config(norm, **{**dict(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32), **kw}))
 
 
 @pytest.mark.parametrize("norm", sorted(VARIANTS))
@@ -44,7 +45,7 @@ def test_every_parameter_in_exactly_one_group(norm, tie):
     # Every module that owns a scalar step size puts it in `scalars`, whatever its shape rule.
     expect_scalars = {f"{mn}.{pn}" if mn else pn for mn, mod in m.named_modules()
                       for pn in getattr(mod, "optim_groups", {})
-                      if getattr(mod, "optim_groups")[pn] == "scalars" and isinstance(getattr(mod, pn), nn.Parameter)}
+                      if mod.optim_groups[pn] == "scalars" and isinstance(getattr(mod, pn), nn.Parameter)}
     assert names["scalars"] == expect_scalars
 
 
@@ -175,14 +176,15 @@ def test_initial_step_sizes():
 
 @pytest.mark.parametrize("kw, match", [
     ({"decay_index": "layer"}, r"norm\.decay_index='layer'.*block, sublayer"),
-    ({"alpha_init": 0.0}, r"norm\.alpha_init=0\.0"),
+    ({"norm": "proj_spheret", "alpha_init": 0.0}, r"norm\.alpha_init=0\.0: must be a finite number > 0"),
     ({"a_init": float("nan")}, r"norm\.a_init=nan"),
+    ({"alpha_init": 2.0}, r"norm\.alpha_init=2\.0: not an option of norm.name=geonorm"),  # SpheretNorm's, not GeoNorm's
     ({"tie_embeddings": "yes"}, r"model\.tie_embeddings='yes'"),
     ({"learn_radius": 1}, r"norm\.learn_radius=1"),
 ])
 def test_switches_reject_bad_values(kw, match):
     with pytest.raises(ConfigError, match=match):
-        GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, norm="geonorm", **kw)
+        gpt_config(**{"norm": "geonorm", "vocab_size": 64, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, **kw})
 
 
 def test_switches_through_hydra(tmp_path):
@@ -190,7 +192,8 @@ def test_switches_through_hydra(tmp_path):
                        "norm.decay_index=sublayer", "norm.alpha_init=0.5", "train.max_steps=2"))
     assert r["steps"] == 2
     mc = ck.load_checkpoint(ck.find_latest(tmp_path / "r"))["model_config"]
-    assert (mc["tie_embeddings"], mc["learn_radius"], mc["decay_index"], mc["alpha_init"]) == (False, False, "sublayer", 0.5)
+    n = mc["norm"]
+    assert (mc["tie_embeddings"], n["learn_radius"], n["decay_index"], n["alpha_init"]) == (False, False, "sublayer", 0.5)
 
 
 def test_layer_ablation_script(tmp_path):

@@ -3,7 +3,6 @@
 Tiny models (2 layers, d=32, block 32) on the byte-tokenized pydocs corpus, prepared once per test session
 (the `pydocs` fixture of conftest.py, which points $NANONORM_DATA at it).
 """
-import json
 import math
 import os
 import re
@@ -11,9 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from trainer.config_store import register_code_configs
 
 from trainer import checkpoint as ck
 from trainer.config import ConfigError
@@ -21,41 +18,11 @@ from trainer.loop import train
 from trainer.monitor import SpikeDetector
 from trainer.optim import LRSchedule, build_optimizer
 from trainer.config import OptimConfig
-from trainer.sinks import RecordingSink, wandb_row
+from trainer.sinks import wandb_row
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import RecordingSink, make_cfg, records, run_with_a_nan_step
+
 pytestmark = pytest.mark.usefixtures("pydocs")
-TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
-        "train.micro_batch_size=4", "train.batch_tokens=256", "train.eval_tokens=512", "train.eval_interval=1000",
-        "train.ckpt_interval=1000", "logging.log_interval=1", "logging.stats_interval=1000",
-        "logging.wandb.mode=disabled", "logging.console=false", "train.deterministic=true", "optim.warmup_steps=2"]
-
-
-def make_cfg(run_dir, *overrides):
-    register_code_configs()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        return compose("config", overrides=[*TINY, f"out_dir={run_dir}", *overrides])
-
-
-def records(run_dir, kind=None):
-    rs = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in rs if kind is None or r["kind"] == kind]
-
-
-def assert_resume_is_exact(tmp_path, *common):
-    """Train 6 steps straight, and 3 + stop + resume to 6: losses, grad norms, LRs and weights must be
-    bitwise equal. Returns both final checkpoints for further checks."""
-    a, b = tmp_path / "straight", tmp_path / "resumed"
-    train(make_cfg(a, *common))
-    train(make_cfg(b, *common, "train.stop_at=3"))
-    train(make_cfg(b, *common, "train.resume=auto"))
-    la = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records(a, "train")]
-    lb = [(r["step"], r["loss"], r["grad_norm"], r["lr"]) for r in records(b, "train")]
-    assert la == lb and len(la) == 6
-    sa, sb = ck.load_checkpoint(ck.find_latest(a)), ck.load_checkpoint(ck.find_latest(b))
-    for k, v in sa["model"].items():
-        assert torch.equal(v, sb["model"][k]), k
-    return sa, sb
 
 
 def test_resume_is_bitwise_exact(tmp_path):
@@ -85,28 +52,6 @@ def test_every_variant_overfits_one_batch(tmp_path, norm):
     losses = [r["loss"] for r in rec.records if r["kind"] == "train"]
     assert len(losses) == 10 and all(math.isfinite(x) for x in losses)
     assert losses[-1] < losses[0] - 0.1, (norm, losses)
-
-
-def run_with_a_nan_step(tmp_path, *overrides):
-    """Train 4 steps with a NaN loss at step 3 and, apart, 2 clean steps; check that the skipped step
-    left the model, the update count and the schedule as after step 2. Returns (nan, clean) step-3 and
-    step-2 checkpoints for the caller's optimizer-state checks.
-
-    Constant schedule inside its warmup: the LR moves with every applied update, so a skipped step
-    that advanced the schedule would show."""
-    common = [*overrides, "optim.schedule=constant", "optim.warmup_steps=10", "train.ckpt_interval=1",
-              "train.keep_last=9"]
-    train(make_cfg(tmp_path / "nan", *common, "train.max_steps=4", "train.inject_nan_at=3"))
-    train(make_cfg(tmp_path / "clean", *common, "train.max_steps=2"))
-    nan = ck.load_checkpoint(ck.ckpt_path(tmp_path / "nan", 3))
-    clean = ck.load_checkpoint(ck.ckpt_path(tmp_path / "clean", 2))
-    for k, v in clean["model"].items():
-        assert torch.equal(v, nan["model"][k]), k
-    assert nan["scheduler"]["updates"] == 2 and nan["scheduler"]["skipped_total"] == 1
-    tr = records(tmp_path / "nan", "train")
-    # Step 4 runs at the LR step 3 would have had: the schedule did not move.
-    assert tr[1]["lr"] < tr[2]["lr"] == tr[3]["lr"]
-    return nan, clean
 
 
 def test_nonfinite_step_is_skipped_without_touching_state(tmp_path):
@@ -360,7 +305,7 @@ def test_console_has_an_eta_and_an_end_of_training_summary(tmp_path, caplog):
     assert len(steps) == 4 and all(re.search(r"\| eta \d+", m) for m in steps[:-1])
     text = "\n".join(caplog.messages)
     s = records(tmp_path, "summary")[0]
-    assert f"finished: 4 steps, 1,024 tokens" in text and "tok/s" in text
+    assert "finished: 4 steps, 1,024 tokens" in text and "tok/s" in text
     assert f"final {s['final_val_loss']:.4f} (ppl {s['final_val_ppl']:.2f}), best {s['best_val_loss']:.4f}" in text
     assert "spikes: loss 0, grad norm 0 | skipped steps 0" in text
     assert f"checkpoint {tmp_path / 'checkpoints' / 'ckpt_00000004.pt'}" in text

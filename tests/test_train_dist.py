@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from test_train import REPO, TINY, make_cfg, records
+from helpers import REPO, TINY, make_cfg, records
 from trainer import checkpoint as ck
 from trainer.loop import train
 
@@ -58,7 +58,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_exits(tmp_path):
         deadline = time.time() + 120
         while time.time() < deadline:
             m = run / "metrics.jsonl"
-            if m.exists() and any(json.loads(l)["kind"] == "train" for l in m.read_text().splitlines()):
+            if m.exists() and any(json.loads(s)["kind"] == "train" for s in m.read_text().splitlines()):
                 break
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(0.2)

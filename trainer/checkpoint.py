@@ -163,8 +163,20 @@ def load_model(path_or_run_dir: Union[str, Path], device="cpu"):
 
 
 def check_compatible(path: Path, ckpt: dict, model_config: dict, tokenizer: str) -> None:
-    """A resume must continue the same model: name the first mismatching field."""
-    saved = ckpt["model_config"]
+    """A resume must continue the same model: name the first mismatching field (`norm.clamp`)."""
+    from model import GPTConfig
+
+    def flat(d: dict, prefix: str = "") -> dict:
+        out = {}
+        for k, v in d.items():
+            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+        return out
+
+    try:
+        saved = flat(GPTConfig.from_dict(ckpt["model_config"]).to_dict())  # older flat configs in today's form
+    except UserError as e:
+        raise CheckpointError(f"checkpoint {path} has a bad model_config: {e}") from None
+    model_config = flat(model_config)
     diff = [k for k in sorted(set(saved) | set(model_config)) if saved.get(k) != model_config.get(k)]
     if diff:
         k = diff[0]

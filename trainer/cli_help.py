@@ -27,13 +27,32 @@ def _docs(cls, prefix: str, keys: dict | None = None) -> dict:
 
 def _all_docs() -> dict:
     from data.config import DataConfig
-    from model.config import MODEL_KEYS, NORM_KEYS, GPTConfig, ModelGroup
+    from model.config import MODEL_KEYS, GPTConfig, ModelGroup, norm_group_docs
 
     from .config import LoggingConfig, OptimConfig, TrainConfig
 
-    return {**_docs(GPTConfig, "model", MODEL_KEYS), **_docs(ModelGroup, "model"), **_docs(GPTConfig, "norm", NORM_KEYS),
+    return {**_docs(GPTConfig, "model", MODEL_KEYS), **_docs(ModelGroup, "model"),
+            **{f"norm.{k}": doc for k, doc in norm_group_docs().items()},
             **_docs(DataConfig, "data"), **_docs(TrainConfig, "train"), **_docs(OptimConfig, "optim"),
             **_docs(LoggingConfig, "logging")}
+
+
+def _norm_shown(node: dict) -> tuple[dict, dict]:
+    """The `norm` group as the default variant resolves it; a key it does not read shows the default
+    of the first variant that does, and its doc names those variants."""
+    from model.config import norm_options
+    from model.variants import VARIANTS, get_variant
+
+    opts = dataclasses.asdict(norm_options(node))
+    shown, readers = {}, {}
+    for k in node:
+        if k in opts:
+            shown[k] = opts[k]
+            continue
+        names = [n for n in VARIANTS if k in {f.name for f in dataclasses.fields(get_variant(n).Options)}]
+        shown[k] = dataclasses.asdict(norm_options({"name": names[0]}))[k]
+        readers[f"norm.{k}"] = f"[{', '.join(names)}] "
+    return shown, readers
 
 
 def _flat(node, prefix: str) -> list[tuple[str, object]]:
@@ -75,11 +94,12 @@ def config_help(config_dir: Path) -> str:
         lines.append(f"  {group + '=':<12} {shown}")
     docs = _all_docs()
     lines += ["", "Options (key=default  doc), as the default groups compose them:"]
+    cfg["norm"], readers = _norm_shown(cfg["norm"])
     for group in ("train", "optim", "logging", "model", "norm", "data"):
         lines += ["", f"{group}.*  (defaults: {group}={defaults.get(group, '')})"]
         for key, value in _flat(cfg[group], group):
             left = f"  {key}={_show(value)}"
-            lines.append(f"{left:<40} {docs.get(key, '')}".rstrip())
+            lines.append(f"{left:<40} {readers.get(key, '')}{docs.get(key, '')}".rstrip())
     lines += ["", "Top level (where the run goes):"]
     for key in ("run_name", "out_dir"):
         m = re.search(rf"^{key}:\s*(.*)$", top, flags=re.M)

@@ -40,7 +40,7 @@ def register_code_configs(config_dir: Path = CONFIG_DIR) -> list[str]:
 
     store = ConfigStore.instance()
     store.store(name="base_config", node={g: schema(d, f"{g}_schema") for g, d in group_defaults().items()})
-    for name in _STORED - set(VARIANTS):  # a variant unregistered since (a test's) is no option any more
+    for name in _STORED - set(VARIANTS):  # a variant removed from the registry since is no option any more
         store.repo.get("norm", {}).pop(f"{name}.yaml", None)
     stored = []
     for name in VARIANTS:

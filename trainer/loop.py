@@ -216,7 +216,7 @@ class Trainer:
     def _log_start(self, resume_path: Optional[Path]) -> None:
         dist, train_cfg = self.dist, self.train_cfg
         if dist.is_main and self.log_cfg.console:
-            log.info(f"run dir {self.run_dir} | {self.mcfg.norm} | {self.model.num_params() / 1e6:.2f}M params | "
+            log.info(f"run dir {self.run_dir} | {self.mcfg.norm.name} | {self.model.num_params() / 1e6:.2f}M params | "
                      f"{dist.world_size} rank(s) x {train_cfg.micro_batch_size} seq x {self.mcfg.block_size} tok x "
                      f"{self.accum} accum = {train_cfg.batch_tokens} tok/step | {self.precision} | "
                      f"compile={self.use_compile} | device {self.device}"
@@ -304,8 +304,9 @@ class Trainer:
                       *(f"data.{k}" for k in DataConfig.CONTENT_KEYS))
     # How and where to resume, not what is trained.
     RESUME_KEYS = ("train.resume", "train.resume_force", "train.overwrite", "train.stop_at", "out_dir", "run_name")
-    # eval.py's defaults, composed into the configs of runs started before training stopped composing them.
-    UNREAD_PREFIX = "eval."
+    # The model's keys are compared as its config (checkpoint.check_compatible), which reads older
+    # checkpoints' forms too: the `norm` group's composed keys changed when the variants took their options.
+    MODEL_PREFIXES = ("norm.",)
 
     def _check_config_changes(self, path: Path, saved: dict) -> bool:
         """Warn about keys that differ from the checkpoint's config (refuse exactness keys unless
@@ -313,7 +314,7 @@ class Trainer:
         now = _flatten(OmegaConf.to_container(self.cfg, resolve=True))
         before = _flatten(saved)
         changed = [k for k in sorted(set(now) | set(before))
-                   if now.get(k) != before.get(k) and k not in self.RESUME_KEYS and not k.startswith(self.UNREAD_PREFIX)]
+                   if now.get(k) != before.get(k) and k not in self.RESUME_KEYS and not k.startswith(self.MODEL_PREFIXES)]
         if not changed:
             return False
 
@@ -649,7 +650,7 @@ class Trainer:
                    "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
                    "spikes_loss": self.spike_loss.count, "spikes_grad_norm": self.spike_gn.count,
                    "skipped_steps": int(self.skipped.item()), "diverged": bool(result["diverged"]),
-                   "steps": self.step, "norm": self.mcfg.norm, "seed": self.train_cfg.seed,
+                   "steps": self.step, "norm": self.mcfg.norm.name, "seed": self.train_cfg.seed,
                    "wall_s": time.perf_counter() - self._wall0, "commit": code_commit()}
             self.emit(rec)
             result["summary"] = rec

@@ -54,21 +54,7 @@ def truncate_jsonl(path: Path, step: int) -> None:
             continue  # a line cut by a kill
         if r.get("kind") != "summary" and r.get("step", 0) <= step:
             keep.append(line)
-    atomic_write(path, "".join(l + "\n" for l in keep))
-
-
-class RecordingSink(Sink):
-    """Keeps records in memory (tests), with the keys a wandb sink would log."""
-
-    def __init__(self):
-        self.records: list = []
-        self.wandb_rows: list = []
-
-    def log(self, record: dict) -> None:
-        self.records.append(dict(record))
-        row = wandb_row(record)
-        if row is not None:
-            self.wandb_rows.append(row)
+    atomic_write(path, "".join(line + "\n" for line in keep))
 
 
 def wandb_row(record: dict) -> Optional[dict]:
