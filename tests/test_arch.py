@@ -71,6 +71,7 @@ def test_rope_logits_depend_on_relative_positions_only(arch):
     assert not torch.allclose(model(x)[0], ref, atol=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["llama", "speedrun"])
 @pytest.mark.parametrize("norm", list(VARIANTS))
 def test_cached_generation_equals_uncached_on_modern_presets(arch, norm):
@@ -135,6 +136,7 @@ def test_flops_per_token_counts_swiglu_matrices_and_no_position_table(arch):
     assert vectors < 0.1 * matmul
 
 
+@pytest.mark.slow
 def test_presets_set_the_documented_axes():
     want = {"gpt2": ("learned", "gelu", True, True, False, "layernorm"),
             "llama": ("rope", "swiglu", False, False, False, "rmsnorm"),
@@ -168,6 +170,7 @@ def test_unknown_model_key_and_arch_names():
     assert {p.stem for p in (ROOT / "configs" / "arch").glob("*.yaml")} == set(PRESETS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", PRESETS)
 def test_every_variant_trains_every_parameter_on_every_preset(arch):
     """Each parameter gets a finite gradient (an unused one would also break DDP), for every variant."""

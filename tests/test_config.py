@@ -62,6 +62,7 @@ def test_an_explicit_setting_beats_the_variant_default():
     assert (m.norm.decay, m.norm.final_norm) == ("none", False)
 
 
+@pytest.mark.slow
 def test_wrong_types_are_one_line_naming_the_key():
     for override, msg in (("train.max_steps=abc", "bad config train.max_steps='abc': must be an integer"),
                           ("norm=geonorm norm.clamp=abc", "bad config norm.clamp='abc': must be a number"),
@@ -84,6 +85,7 @@ def test_composition_errors_become_one_line():
         assert composition_error_line(e.value) == msg
 
 
+@pytest.mark.slow
 def test_train_py_reports_an_unknown_key_in_one_line(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled"}
     p = subprocess.run([sys.executable, "train.py", "+model.foo=1", f"out_dir={tmp_path}"], cwd=REPO, env=env,

@@ -82,6 +82,7 @@ def cfg(tmp_path, **kw):
     return d
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tokenizer,shard_size,workers", [("bytes", 3000, 2), ("gpt2", 800, 1)])
 def test_round_trip_multi_shard_and_meta(tmp_path, tokenizer, shard_size, workers):
     f = write_jsonl(tmp_path / "c.jsonl", DOCS)
@@ -167,6 +168,7 @@ def fail_after_shards(monkeypatch, n: int) -> None:
     monkeypatch.setattr(P, "_save_progress", save)
 
 
+@pytest.mark.slow
 def test_interrupted_preparation_resumes(tmp_path, capsys, monkeypatch):
     f = write_jsonl(tmp_path / "c.jsonl", DOCS * 3)
     kw = dict(files=[str(f)], shard_size=2500, batch_docs=8, num_workers=2)
@@ -263,6 +265,7 @@ def test_shard_reader_rejects_bad_files(tmp_path):
         open_shard(tmp_path / "magic.bin")
 
 
+@pytest.mark.slow
 def test_pydocs_default_corpus(tmp_path, pydocs):
     """The offline default: deterministic, big enough, built without importing stdlib modules."""
     c = pydocs.config  # the session prepared it once with the default data config
@@ -296,6 +299,7 @@ def test_hydra_configs_validate(name, monkeypatch):
         assert c.out_dir == Path("/some/root/fineweb_edu-sample-10BT-gpt2")
 
 
+@pytest.mark.slow
 def test_cli_prints_one_line_error(tmp_path):
     r = subprocess.run([sys.executable, "-m", "data.prepare", "data=local", f"data.root={tmp_path}",
                         f"data.files={tmp_path}/nothing/*.txt"], cwd=ROOT, capture_output=True, text=True,
@@ -333,6 +337,7 @@ def run_prepare(*args, script=False):
     return subprocess.run(cmd + [str(a) for a in args], cwd=ROOT, capture_output=True, text=True, timeout=180)
 
 
+@pytest.mark.slow
 def test_readme_adopt_shards_command_works_and_reruns(tmp_path):
     """README: `python -m data.prepare data=local data.name=fw10B data.source=shards data.path=DIR`."""
     src = tmp_path / "fineweb10B"
@@ -346,6 +351,7 @@ def test_readme_adopt_shards_command_works_and_reruns(tmp_path):
         assert "train: ? documents (adopted shards), 500 tokens, 1 shards" in r.stdout, r.stdout
 
 
+@pytest.mark.slow
 def test_prepare_runs_as_a_script_too(tmp_path):
     f = write_jsonl(tmp_path / "c.jsonl", DOCS * 2)
     r = run_prepare("data=local", "data.name=s", "data.tokenizer=bytes", f"data.files={f}", f"data.root={tmp_path}",
@@ -392,6 +398,7 @@ def test_held_out_val_split_is_topped_up_to_a_usable_size(tmp_path):
     assert not (tmp_path / "cache" / "small-bytes").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, content, needle", [
     ("empty.jsonl", b"", "no records (an empty file?)"),
     ("bin.jsonl", bytes(range(256)) * 8, "ArrowInvalid"),
@@ -407,6 +414,7 @@ def test_unreadable_files_are_one_line_and_leave_no_directory(tmp_path, name, co
     assert not (tmp_path / "cache" / "bad-bytes").exists()
 
 
+@pytest.mark.slow
 def test_verify_ends_with_a_line_that_every_sha256_matched(tmp_path):
     f = write_jsonl(tmp_path / "c.jsonl", DOCS * 2)
     args = ["data=local", "data.name=v", "data.tokenizer=bytes", f"data.files={f}", f"data.root={tmp_path}",

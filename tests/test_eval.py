@@ -139,6 +139,7 @@ metric_list:
     return docs
 
 
+@pytest.mark.slow
 def test_local_multiple_choice_task_end_to_end_through_task_manager(lm, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
     docs = write_task(tmp_path)
@@ -215,6 +216,7 @@ def run_eval(capsys, *argv):
     return rc, out.out, out.err
 
 
+@pytest.mark.slow
 def test_eval_cli_json_markdown_and_wandb(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
     monkeypatch.setenv("WANDB_MODE", "offline")
@@ -275,6 +277,7 @@ def test_generate_until_is_greedy_and_stops_at_the_until_string(lm):
     assert out[1] == full.split(tok.decode([tok.eot]))[0]
 
 
+@pytest.mark.slow
 def test_torchrun_splits_evaluation_across_ranks(tmp_path):
     """2 gloo ranks on CPU give the single-process perplexity and task metrics."""
     import os
@@ -303,6 +306,7 @@ def test_torchrun_splits_evaluation_across_ranks(tmp_path):
     assert res["tasks"]["toy_mc"]["acc"] == results["toy_mc"]["acc"] and res["tasks"]["toy_mc"]["samples"] == 4
 
 
+@pytest.mark.slow
 def test_a_task_failing_on_one_rank_is_skipped_on_every_rank(tmp_path):
     """Rank 1 fails one task before any collective (its data) and one after the first (scoring):
     both ranks skip both tasks, name rank 1's error, run the next task and exit (before: a hang)."""
@@ -324,6 +328,7 @@ def test_a_task_failing_on_one_rank_is_skipped_on_every_rank(tmp_path):
     assert out[0]["results"]["toy_mc"]["samples"] == 4 and out[1]["results"] == {}
 
 
+@pytest.mark.slow
 def test_successive_evaluations_keep_every_result_and_failures_exit_nonzero(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
     write_split(tmp_path / "data", [2 * BLOCK + 1, 40])

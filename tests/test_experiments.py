@@ -91,6 +91,7 @@ def study(tmp_path: Path) -> Path:
 # ---------------------------------------------------------------- make_table.py
 
 
+@pytest.mark.slow
 def test_table_rows_mean_std_diverged_and_paper(study: Path) -> None:
     runs = [runlib.load_run(p) for p in runlib.find_runs([study])]
     paper = runlib.load_paper("geonorm_125m_books3_512")
@@ -163,6 +164,7 @@ def _png_ok(path: Path) -> None:
     assert len(np.unique(img[..., :3].reshape(-1, 3), axis=0)) > 20  # curves, not a blank canvas
 
 
+@pytest.mark.slow
 def test_plots_from_synthetic_runs(study: Path, tmp_path: Path) -> None:
     plot_curves = _load("plot_curves")
     out = tmp_path / "figs" / "study"
@@ -287,6 +289,7 @@ def test_sweep_slurm_script_and_requirements(capsys, tmp_path: Path) -> None:
 # ---------------------------------------------------------------- experiment configs compose
 
 
+@pytest.mark.slow
 def test_every_experiment_config_composes() -> None:
     """Compose each experiment with Hydra as train.py will, and check its values against the typed
     configs of model/, trainer/ and data/ (needs every config group of configs/config.yaml)."""
@@ -376,6 +379,7 @@ def test_usage_examples_name_existing_experiments():
     assert [u for u in used if u[1] not in EXPERIMENTS] == []
 
 
+@pytest.mark.slow
 def test_bench_data_baseline_on_a_corpus_smaller_than_its_batch_count(tmp_path):
     bench = _load("bench_data")
     corpus = tmp_path / "c.jsonl"
@@ -385,6 +389,7 @@ def test_bench_data_baseline_on_a_corpus_smaller_than_its_batch_count(tmp_path):
     assert res["tokens"] > 30 * 20
 
 
+@pytest.mark.slow
 def test_bench_train_leaves_no_temp_dirs(tmp_path):
     import os
     import subprocess

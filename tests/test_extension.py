@@ -39,6 +39,7 @@ def scaled_pre_ln():
     unregister(VARIANTS, "scaled_pre_ln")
 
 
+@pytest.mark.slow
 def test_new_variant_is_a_norm_option_without_yaml(tmp_path, scaled_pre_ln):
     assert "scaled_pre_ln" in register_code_configs()
     r = train(make_cfg(tmp_path / "r", "norm=scaled_pre_ln", "train.max_steps=3"))

@@ -111,6 +111,7 @@ def test_saturation_shares_in_norm_stats():
     assert "angle_near_bound/0" not in m.norm_stats()   # the exponential map has no bound
 
 
+@pytest.mark.slow
 def test_step_scale_script_table(pydocs):
     out = subprocess.run([sys.executable, "scripts/step_scale.py", "--lr", "1e-3",
                           "--cell", "a1=norm=proj_spheret", "--cell", "a32=norm=proj_spheret,norm.alpha_init=32",

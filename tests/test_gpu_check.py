@@ -15,6 +15,7 @@ def _module():
     return mod
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("pydocs")  # the train_loop check reads the prepared corpus ($NANONORM_DATA)
 def test_gpu_check_runs_every_check_on_cpu_and_prints_a_table():
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -268,6 +268,7 @@ def test_interval_timer_charges_queued_steps_to_the_interval_not_the_excluded_re
     assert timer.read() == (0.0, 0)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("pydocs")
 def test_the_compiling_first_step_is_reported_apart(monkeypatch, tmp_path):
     """compile_s in the first train record; that step is in no tokens/s (null where it is alone)."""
@@ -319,6 +320,7 @@ def torchrun(args, env, timeout):
     return p.returncode, out
 
 
+@pytest.mark.slow
 def test_ranks_wait_for_rank0s_data_preparation_beyond_the_collective_timeout():
     import os
 

@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "model", "data", "trainer", "evaluation")
 
@@ -88,6 +90,7 @@ def test_cycle_finder_finds_a_cycle():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+@pytest.mark.slow
 def test_every_module_imports_on_its_own(tmp_path):
     """Each module in a process of its own, from outside the checkout (so the installed package is
     what is found). Third-party libraries are loaded once and each module is imported in a forked

@@ -367,6 +367,7 @@ def test_config_round_trip_and_from_hydra_pads_vocab():
         GPTConfig.from_hydra(model_cfg, dict(name="geonorm", clmap=0.5), vocab_size=257)
 
 
+@pytest.mark.slow
 def test_hydra_compose_every_norm_with_every_model():
     from hydra import compose, initialize_config_dir
 

@@ -60,6 +60,7 @@ def test_muon_lr_follows_the_schedule_shape():
     assert lrs["matrices"] == pytest.approx(0.025) and lrs["embeddings"] == pytest.approx(0.004)
 
 
+@pytest.mark.slow
 def test_muon_trains_on_llama_and_resumes_exactly(tmp_path):
     common = ["optim=muon", "arch=llama", "train.max_steps=6", "optim.warmup_steps=2", "optim.decay_frac=0.5"]
     sa, sb = assert_resume_is_exact(tmp_path, *common)
@@ -70,6 +71,7 @@ def test_muon_trains_on_llama_and_resumes_exactly(tmp_path):
     assert ev[-1]["val_loss"] < ev[0]["val_loss"] - 0.5
 
 
+@pytest.mark.slow
 def test_nonfinite_step_skips_muon_and_adamw(tmp_path):
     nan, clean = run_with_a_nan_step(tmp_path, "optim=muon")
     for part in ("adamw", "muon"):

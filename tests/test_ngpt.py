@@ -69,6 +69,7 @@ def test_variant_fixes_no_weight_decay_and_no_warmup():
     assert for_variant(OptimConfig(), PreLN) == OptimConfig()          # other variants: untouched
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("pydocs")
 def test_trained_ngpt_stays_on_the_sphere_and_resumes_exactly(tmp_path):
     common = ["norm=ngpt", "arch=llama", "train.max_steps=6", "optim.lr=3e-3"]

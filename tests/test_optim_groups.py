@@ -131,6 +131,7 @@ def test_group_overrides_through_hydra_and_unknown_group(tmp_path):
         train(make_cfg(tmp_path / "bad", "+optim.groups.gains.lr_mult=2"))
 
 
+@pytest.mark.slow
 def test_resume_with_groups_is_exact(tmp_path):
     common = ["norm=geonorm", "train.max_steps=6", "optim.groups.scalars.lr_mult=30",
               "optim.groups.vectors.weight_decay=0.01"]

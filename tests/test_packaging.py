@@ -65,6 +65,7 @@ def test_no_file_edits_sys_path_or_points_outside_the_repository():
     assert not hits, "\n".join(hits)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["runlib", "fidelity_report", "step_scale_report"])
 def test_library_modules_of_scripts_say_they_are_not_commands(name):
     root = Path(__file__).resolve().parents[1]

@@ -157,6 +157,7 @@ def _sublayer_step(norm):
     return rule, step
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", SPHERE)
 def test_compiled_sphere_gradients_are_float32_under_bf16_autocast(norm):
     """Eager and torch.compile (aot_eager: AOTAutograd, no codegen) both differentiate the sphere

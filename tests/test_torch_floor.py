@@ -7,6 +7,8 @@ from pathlib import Path
 
 import torch
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 # Every torch name the repository uses (attribute chains from `torch`, `from torch... import`), by
@@ -117,6 +119,7 @@ def _floor() -> tuple:
     raise AssertionError("requirements.txt has no torch>=X.Y line")
 
 
+@pytest.mark.slow
 def test_every_torch_api_used_is_classified_and_the_floor_is_the_newest():
     since = {api: _version(v) for v, apis in SINCE.items() for api in apis}
     names, keywords = _torch_uses()

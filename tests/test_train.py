@@ -25,6 +25,7 @@ from helpers import RecordingSink, make_cfg, records, run_with_a_nan_step
 pytestmark = pytest.mark.usefixtures("pydocs")
 
 
+@pytest.mark.slow
 def test_resume_is_bitwise_exact(tmp_path):
     common = ["train.max_steps=6", "optim.schedule=cosine", "train.micro_batch_size=2"]  # accum 2
     a, b = tmp_path / "straight", tmp_path / "resumed"
@@ -44,6 +45,7 @@ def test_resume_is_bitwise_exact(tmp_path):
     assert sa["scheduler"]["updates"] == sb["scheduler"]["updates"] == 6
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("norm", sorted(__import__("model").VARIANTS))
 def test_every_variant_overfits_one_batch(tmp_path, norm):
     rec = RecordingSink()
@@ -54,6 +56,7 @@ def test_every_variant_overfits_one_batch(tmp_path, norm):
     assert losses[-1] < losses[0] - 0.1, (norm, losses)
 
 
+@pytest.mark.slow
 def test_nonfinite_step_is_skipped_without_touching_state(tmp_path):
     # A NaN loss at step 3 must leave everything as after step 2.
     nan, clean = run_with_a_nan_step(tmp_path)
@@ -192,6 +195,7 @@ def test_bad_overrides_fail_with_one_clear_line(tmp_path, override, match):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_run_dir_checkpoints_keep_last_and_errors(tmp_path):
     train(make_cfg(tmp_path, "train.max_steps=4", "train.ckpt_interval=1", "train.keep_last=2"))
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
@@ -233,6 +237,7 @@ def test_sigusr1_and_sigterm_only_set_a_flag():
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+@pytest.mark.slow
 def test_run_dir_is_claimed_for_the_whole_run(tmp_path):
     """A second run into a run dir that a live run holds is refused at once, even before the first
     has written anything; the claim is released when the first ends."""
@@ -264,6 +269,7 @@ def test_stale_checkpoint_temp_files_are_removed_when_the_run_dir_is_claimed(tmp
     assert not any(p.exists() for p in stale)
 
 
+@pytest.mark.slow
 def test_resume_reports_config_changes_and_guards_exactness(tmp_path, caplog):
     train(make_cfg(tmp_path, "train.max_steps=2", "train.ckpt_interval=1"))
     old_cfg = (tmp_path / "config.yaml").read_text()
@@ -358,6 +364,7 @@ def _prepared_copy(tmp_path):
     return dst
 
 
+@pytest.mark.slow
 def test_bit_flipped_shard_is_caught_once_and_checks_are_recorded(tmp_path, monkeypatch):
     from data import DataError
     import data.verify as V

@@ -28,6 +28,7 @@ def run_cli(args, **kw):
     return subprocess.run(args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=240, **kw)
 
 
+@pytest.mark.slow
 def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     common = ["train.max_steps=3", "train.micro_batch_size=4", "train.batch_tokens=256"]  # block 32
     # 1 process: accumulation 2. 2 processes (gloo): accumulation 1 each. Same global batch per step.
@@ -50,6 +51,7 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
     assert all(r["loss_max"] >= r["loss"] - 1e-6 for r in two) and all(r["loss_max"] > r["loss"] + 1e-4 for r in two)
 
 
+@pytest.mark.slow
 def test_sigterm_checkpoints_at_the_next_step_and_exits(tmp_path):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "train.py", *TINY, "train.max_steps=100000", f"out_dir={run}"],
@@ -76,6 +78,7 @@ def test_sigterm_checkpoints_at_the_next_step_and_exits(tmp_path):
     assert not [r for r in rs if r["kind"] == "summary"]  # not finished: no summary line
 
 
+@pytest.mark.slow
 def test_cli_bad_overrides_print_one_line(tmp_path):
     p = run_cli([sys.executable, "train.py", *TINY, f"out_dir={tmp_path}", "train.precision=fp8"])
     assert p.returncode == 2
@@ -85,6 +88,7 @@ def test_cli_bad_overrides_print_one_line(tmp_path):
     assert p.returncode != 0 and "train.max_step" in p.stderr
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_has_the_logged_keys_and_keeps_its_id(tmp_path):
     common = ["logging.wandb.mode=offline", "train.eval_interval=2", "logging.stats_interval=2"]
     train(make_cfg(tmp_path, *common, "train.max_steps=2"))
@@ -113,6 +117,7 @@ def _worker_pid(parent: int, rank: int) -> int:
     raise AssertionError(f"no rank {rank} worker under pid {parent}")
 
 
+@pytest.mark.slow
 def test_ddp_sigterm_is_acted_on_within_two_steps(tmp_path):
     """Only rank 1 gets SIGTERM, between log steps (log_interval 1000): every rank must stop at the same
     step, one or two steps later, with a checkpoint; the message is printed once."""
@@ -141,6 +146,7 @@ def test_ddp_sigterm_is_acted_on_within_two_steps(tmp_path):
     assert records(run)[-1] == {**records(run)[-1], "kind": "train", "step": saved}  # logged, then saved
 
 
+@pytest.mark.slow
 def test_train_help_lists_groups_and_documented_options():
     p = run_cli([sys.executable, "train.py", "--help"])
     assert p.returncode == 0, p.stderr
@@ -152,6 +158,7 @@ def test_train_help_lists_groups_and_documented_options():
         assert needle in out, needle
 
 
+@pytest.mark.slow
 def test_two_runs_started_together_into_one_run_dir(tmp_path):
     """Started in the same instant, before either has written anything: one runs, the other is refused
     at once in one line; the run dir then holds the one run."""
@@ -181,6 +188,7 @@ def test_two_runs_started_together_into_one_run_dir(tmp_path):
     assert records(tmp_path, "train")[-1]["step"] == step
 
 
+@pytest.mark.slow
 def test_divergence_is_reported_once(tmp_path):
     p = run_cli([sys.executable, "train.py", *TINY, "train.max_steps=50", "train.inject_nan_at=2",
                  "train.inject_nan_steps=100", "train.max_skipped=3", f"out_dir={tmp_path}"])
