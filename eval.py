@@ -40,7 +40,7 @@ def resolve_data_dir(cfg, ckpt: dict, rt) -> Path:
         data_cfg = (ckpt.get("config") or {}).get("data")
         if not (d / "meta.json").is_file() and data_cfg:
             from data import prepare_dataset
-            from trainer.distributed import main_first
+            from runtime.distributed import main_first
 
             # rank 0 prepares, the others wait (gloo, long timeout: not NCCL's watchdog) and find it
             d = Path(main_first(lambda: prepare_dataset(data_cfg)))
@@ -70,14 +70,14 @@ def main(argv=None) -> int:
 def evaluate(args) -> int:
     import torch
 
-    from evaluation import runtime
+    from runtime import distributed as runtime
     from evaluation.config import from_args
 
     cfg = from_args(args)
-    from trainer.checkpoint import resolve_checkpoint
+    from runtime.checkpoint import resolve_checkpoint
 
     ckpt_path = resolve_checkpoint(args.path)
-    rt = runtime.setup(cfg.device, cfg.dtype)
+    rt = runtime.init_distributed(cfg.device, "device", cfg.dtype)
     _, before = runtime.set_cpu_threads(cfg.threads, rt.device)
     try:
         return _evaluate(cfg, ckpt_path, rt)
@@ -91,7 +91,7 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
 
     from data import get_tokenizer
     from evaluation.config import EvalConfigError
-    from trainer.checkpoint import load_model
+    from runtime.checkpoint import load_model
 
     from evaluation.report import log_wandb, markdown_table, write_merged
 

@@ -48,9 +48,9 @@ def main(argv=None) -> int:
 def sample(args) -> int:
     import torch
 
-    from evaluation.runtime import set_cpu_threads, setup
-    from trainer.checkpoint import resolve_checkpoint
-    from trainer.distributed import PRECISION_CHOICES, precision_name
+    from runtime.distributed import init_distributed, set_cpu_threads
+    from runtime.checkpoint import resolve_checkpoint
+    from runtime.distributed import PRECISION_CHOICES, precision_name
 
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples={args.num_samples}: must be >= 1")
@@ -66,7 +66,7 @@ def sample(args) -> int:
             raise ConfigError(f"--prompt-file {args.prompt_file}: cannot read it ({type(e).__name__}: "
                               f"{getattr(e, 'strerror', None) or e}); give a UTF-8 text file") from None
     ckpt_path = resolve_checkpoint(args.path)
-    rt = setup(args.device, args.dtype)
+    rt = init_distributed(args.device, "device", args.dtype)
     _, before = set_cpu_threads(args.threads, rt.device)
     try:
         return _sample(args, prompt, ckpt_path, rt)
@@ -79,7 +79,7 @@ def _sample(args, prompt: str, ckpt_path, rt) -> int:
 
     from data import get_tokenizer
     from model.generate import check_generate_args, generate
-    from trainer.checkpoint import load_model
+    from runtime.checkpoint import load_model
 
     model, ckpt = load_model(ckpt_path, device=rt.device)
     tok = get_tokenizer(ckpt["tokenizer"])

@@ -16,7 +16,7 @@ from tqdm import tqdm
 
 from model.generate import generate
 
-from .runtime import Runtime
+from runtime.distributed import Runtime
 from .scoring import plan_windows, score_batch
 
 class NanoLM(TemplateLM):
@@ -136,7 +136,7 @@ class NanoLM(TemplateLM):
         still be downloading a dataset)."""
         if self.world_size <= 1:
             return error
-        from trainer.distributed import wait_group
+        from runtime.distributed import wait_group
 
         errors = [None] * self.world_size
         dist.all_gather_object(errors, error, group=wait_group())

@@ -51,7 +51,7 @@ def evaluate_perplexity(model, data_dir, split: str = "val", *, stride: Optional
     split (None: all of it). stride: new tokens scored per window (None: block_size, no overlap)."""
     from data.shards import open_shard
 
-    from .runtime import Runtime
+    from runtime.distributed import Runtime
 
     rt = rt or Runtime(next(model.parameters()).device)
     block_size = model.config.block_size

@@ -18,7 +18,7 @@ import torch
 
 from model import GPT, GPTConfig
 from model.generate import generate
-from trainer import distributed as D
+from runtime import distributed as D
 
 CASES = {  # name: (n_layer, n_head, n_embd, block_size, tokenizer vocab)
     "tiny": (4, 4, 128, 256, 257),            # configs/model/tiny.yaml, byte tokenizer

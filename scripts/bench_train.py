@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from trainer import distributed as D
+from runtime import distributed as D
 from trainer.config import parse_run_config
 from trainer.loop import Trainer
 from trainer.optim import LRSchedule

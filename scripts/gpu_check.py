@@ -135,7 +135,7 @@ def check_train_loop(ctx, args):
 
     from hydra import compose, initialize_config_dir
 
-    from trainer import checkpoint as ck
+    from runtime import checkpoint as ck
     from trainer.loop import train
 
     from trainer.config_store import register_code_configs

@@ -21,7 +21,7 @@ import torch.nn as nn
 from data.files import atomic_write
 from common import report_user_errors
 from data.loader import ValLoader
-from trainer.checkpoint import load_model
+from runtime.checkpoint import load_model
 
 
 class SkippedBlock(nn.Module):

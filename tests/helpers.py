@@ -9,7 +9,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from model import GPTConfig
-from trainer import checkpoint as ck
+from runtime import checkpoint as ck
 from trainer.config_store import register_code_configs
 from trainer.loop import train
 from trainer.sinks import Sink, wandb_row

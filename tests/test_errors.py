@@ -10,7 +10,7 @@ def test_every_user_error_type_derives_from_user_error():
     from data.shards import ShardError
     from evaluation.config import EvalConfigError
     from model.config import ConfigError as ModelConfigError
-    from trainer.checkpoint import CheckpointError
+    from runtime.checkpoint import CheckpointError
     from trainer.config import ConfigError as TrainConfigError
     for cls in (DataError, ShardError, EvalConfigError, ModelConfigError, TrainConfigError, CheckpointError):
         assert issubclass(cls, UserError), cls

@@ -30,7 +30,7 @@ def tiny_model(norm="pre_ln", seed=0, block_size=BLOCK):
 
 
 def save_ckpt(path, model, data_dir="", step=5, wandb_run_id=None):
-    """A checkpoint in trainer/checkpoint.py's format, built directly (no trainer needed)."""
+    """A checkpoint in runtime/checkpoint.py's format, built directly (no trainer needed)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     torch.save({"format": "nanonorm-ckpt", "version": 1, "step": step, "model": model.state_dict(),
                 "model_config": model.config.to_dict(), "tokenizer": "bytes", "data_dir": str(data_dir),
@@ -397,7 +397,7 @@ def test_a_data_file_given_as_checkpoint_gets_fitting_advice(tmp_path, capsys):
 
 
 def test_eval_threads_option_and_cpu_default(tmp_path, capsys, monkeypatch):
-    from evaluation import runtime
+    from runtime import distributed as runtime
 
     ckpt = save_ckpt(tmp_path / "c.pt", tiny_model())
     write_split(tmp_path / "data", [40])

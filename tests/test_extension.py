@@ -52,7 +52,7 @@ def test_new_variant_option_is_one_field(tmp_path, scaled_pre_ln):
     register_code_configs()
     r = train(make_cfg(tmp_path / "r", "norm=scaled_pre_ln", "norm.scale=0.25", "train.max_steps=2"))
     assert r["steps"] == 2
-    from trainer import checkpoint as ck
+    from runtime import checkpoint as ck
     assert ck.load_checkpoint(ck.find_latest(tmp_path / "r"))["model_config"]["norm"]["scale"] == 0.25
     with pytest.raises(ConfigError, match=r"^bad config norm.scale=0.25: not an option of norm.name=pre_ln"):
         train(make_cfg(tmp_path / "bad", "norm=pre_ln", "norm.scale=0.25"))

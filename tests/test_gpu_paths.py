@@ -6,7 +6,7 @@ import re
 import pytest
 import torch
 
-from trainer import checkpoint as ck
+from runtime import checkpoint as ck
 
 
 # --- RNG state: the current GPU's generator only ---------------------------------------------------
@@ -150,7 +150,7 @@ def _syncs_per_step(monkeypatch, tmp_path, *overrides):
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from helpers import make_cfg
-    from trainer import distributed as D
+    from runtime import distributed as D
     from trainer.config import parse_run_config
     from trainer.loop import Trainer
 

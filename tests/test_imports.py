@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "model", "data", "trainer", "evaluation")
+PACKAGES = ("common", "model", "data", "runtime", "trainer", "evaluation")
 
 
 def module_name(path: Path) -> str:
@@ -83,6 +83,21 @@ def test_no_import_cycle():
     assert "trainer.schedules" in graph["trainer.optim"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_layers_point_one_way():
+    """Evaluation and sampling share the runtime with training, not training itself; the runtime and
+    the model know nothing of training or evaluation."""
+    graph = {name: import_time_edges(name, path) for name, path in MODULES.items()}
+    entry = {"eval": REPO / "eval.py", "sample": REPO / "sample.py"}
+    graph.update({name: import_time_edges(name, path) for name, path in entry.items()})
+    for user, banned in (("evaluation", "trainer"), ("eval", "trainer"), ("sample", "trainer"),
+                         ("runtime", "trainer"), ("runtime", "evaluation"), ("model", "trainer"),
+                         ("model", "evaluation"), ("model", "runtime"), ("data", "model")):
+        bad = {(m, d) for m, deps in graph.items() if m.split(".")[0] == user
+               for d in deps if d.split(".")[0] == banned}
+        assert not bad, f"{user} imports {banned}: {sorted(bad)}"
+    assert "runtime.checkpoint" in graph["eval"] and "runtime.distributed" in graph["evaluation.harness"]
 
 
 def test_cycle_finder_finds_a_cycle():

@@ -7,7 +7,7 @@ import torch
 
 from model import GPT, GPTConfig, VARIANTS
 from model.variants import NGPT, PreLN
-from trainer import checkpoint as ck
+from runtime import checkpoint as ck
 from trainer.config import OptimConfig
 from trainer.loop import train
 from trainer.optim import LRSchedule, build_optimizer, for_variant

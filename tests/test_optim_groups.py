@@ -19,7 +19,7 @@ from trainer.config import GroupConfig, GroupsConfig, OptimConfig
 from trainer.optim import build_optimizer, set_lr
 
 from helpers import assert_resume_is_exact, make_cfg, records
-from trainer import checkpoint as ck
+from runtime import checkpoint as ck
 from trainer.loop import train
 
 CPU = torch.device("cpu")

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 
-from trainer import checkpoint as ck
+from runtime import checkpoint as ck
+from trainer import resume
 from trainer.config import ConfigError
 from trainer.loop import train
 from trainer.monitor import SpikeDetector
@@ -225,7 +226,7 @@ def test_run_dir_checkpoints_keep_last_and_errors(tmp_path):
 
 def test_sigusr1_and_sigterm_only_set_a_flag():
     import signal
-    stop = ck.StopSignal().install()
+    stop = resume.StopSignal().install()
     try:
         assert stop.received is None
         os.kill(os.getpid(), signal.SIGUSR1)
@@ -241,7 +242,7 @@ def test_sigusr1_and_sigterm_only_set_a_flag():
 def test_run_dir_is_claimed_for_the_whole_run(tmp_path):
     """A second run into a run dir that a live run holds is refused at once, even before the first
     has written anything; the claim is released when the first ends."""
-    from trainer import distributed as D
+    from runtime import distributed as D
     from trainer.config import parse_run_config
     from trainer.loop import Trainer
 
@@ -338,7 +339,7 @@ def test_cuda_device_without_cuda_is_one_line(tmp_path, monkeypatch):
 def test_training_and_evaluation_share_precision_names_and_auto(monkeypatch):
     """train.precision and eval's/sample's --dtype: one set of names, one meaning of `auto`."""
     from evaluation.config import EvalConfig
-    from trainer import distributed as D
+    from runtime import distributed as D
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert D.resolve_precision("auto", cpu) == "fp32"

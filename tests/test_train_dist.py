@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers import REPO, TINY, make_cfg, records
-from trainer import checkpoint as ck
+from runtime import checkpoint as ck
 from trainer.loop import train
 
 pytestmark = pytest.mark.usefixtures("pydocs")

@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 def wait():
     """Ranks > 0 wait for rank 0's data preparation beyond the default group's timeout."""
-    from trainer import distributed as D
+    from runtime import distributed as D
 
     d = D.init_distributed("cpu")
     # after set-up (whose own waits depend on how fast each process starts): 2 s stands in for
@@ -39,11 +39,11 @@ def one_rank_fails(task_dir):
     import datasets
 
     from data import get_tokenizer
-    from evaluation import runtime
+    from runtime import distributed as runtime
     from evaluation.harness import NanoLM, run_tasks
     from model import GPT, GPTConfig
 
-    rt = runtime.setup("cpu", "fp32")
+    rt = runtime.init_distributed("cpu", "device", "fp32")
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=320, block_size=16, n_layer=2, n_head=2, n_embd=32)).eval()
     lm = NanoLM(model, get_tokenizer("bytes"), batch_size=2, rt=rt)

@@ -24,7 +24,9 @@ from common import perplexity
 from data.config import DataConfig
 from data.files import atomic_write
 
-from . import checkpoint, distributed, faults
+from runtime import checkpoint, distributed
+
+from . import faults, resume
 from .config import ConfigError, RunConfig, parse_run_config
 from .monitor import IntervalTimer, SpikeDetector, block_grad_norms, mfu, peak_flops
 from .optim import LRSchedule, attach_lr, build_optimizer, for_variant, set_lr
@@ -80,12 +82,12 @@ class StatsInputs(NamedTuple):
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, rc: RunConfig, dist: distributed.DistInfo, sinks: Optional[list] = None):
+    def __init__(self, cfg: DictConfig, rc: RunConfig, dist: distributed.Runtime, sinks: Optional[list] = None):
         self.cfg, self.dist = cfg, dist
         self.train_cfg, self.optim_cfg, self.log_cfg = rc.train, rc.optim, rc.logging
         self.extra_sinks = list(sinks or [])
         self.sinks: list[Sink] = []
-        self.stop = checkpoint.StopSignal()
+        self.stop = resume.StopSignal()
         self.signal_step: Optional[int] = None
         self._flag_work = None
         self._was_deterministic = torch.are_deterministic_algorithms_enabled()
@@ -117,7 +119,7 @@ class Trainer:
         """Device, precision, threads, determinism and TF32, from train.*."""
         train_cfg = self.train_cfg
         self.device = self.dist.device
-        self.precision = distributed.resolve_precision(train_cfg.precision, self.device)
+        self.precision = distributed.resolve_precision(train_cfg.precision, self.device)  # as the runtime's
         if self.precision == "fp16" and self.device.type == "cpu":
             log.warning("fp16 on CPU is slow and only useful for testing the GradScaler path")
         self.autocast = distributed.autocast(self.device, self.precision)
@@ -235,11 +237,11 @@ class Trainer:
     def _claim_run_dir(self):
         """Rank 0 takes the run dir's lock before looking at what is in it, and keeps it until close():
         two runs started into one dir cannot both pass the checks below. None when claimed."""
-        self.lock = checkpoint.RunDirLock(self.run_dir)
+        self.lock = resume.RunDirLock(self.run_dir)
         if not self.lock.acquire():
             return ("error", f"run dir {self.run_dir} is in use by another train.py (pid {self.lock.holder()} holds "
                              f"{self.lock.path}); wait for it to end, or pass another run_name=...")
-        for p in checkpoint.remove_stale_temps(self.run_dir):
+        for p in resume.remove_stale_temps(self.run_dir):
             log.warning(f"removed {p}, left by an interrupted write")
         return None
 
@@ -267,7 +269,7 @@ class Trainer:
     def _load(self, path: Path) -> bool:
         """Continue from checkpoint `path`. Returns whether the config differs from the checkpoint's."""
         ckpt = checkpoint.load_checkpoint(path)
-        checkpoint.check_compatible(path, ckpt, self.mcfg.to_dict(), self.tokenizer_name)
+        resume.check_compatible(path, ckpt, self.mcfg.to_dict(), self.tokenizer_name)
         config_changed = self._check_config_changes(path, ckpt.get("config") or {})
         try:
             self.model.load_state_dict(checkpoint.strip_prefixes(ckpt["model"]))
@@ -719,8 +721,7 @@ def _fmean(xs):
 def train(cfg: DictConfig, sinks: Optional[list] = None) -> dict:
     """Run one training job from a composed Hydra config. Returns a result dict (summary, checkpoint)."""
     rc = parse_run_config(cfg)  # validate before touching devices or data
-    dist = distributed.init_distributed(rc.train.device)
-    trainer = Trainer(cfg, rc, dist, sinks)
+    trainer = Trainer(cfg, rc, distributed.init_distributed(rc.train.device, precision=rc.train.precision), sinks)
     try:
         trainer.setup()
         return trainer.run()

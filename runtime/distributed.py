@@ -1,5 +1,5 @@
 """The runtime set-up shared by train.py, eval.py and sample.py: device, precision, the torchrun
-process group (NCCL on CUDA, gloo on CPU), and the few collectives the training loop needs."""
+process group (NCCL on CUDA, gloo on CPU), CPU threads, and the few collectives the training loop needs."""
 from __future__ import annotations
 
 import contextlib
@@ -15,11 +15,13 @@ from common import ConfigError
 
 
 @dataclass(frozen=True)
-class DistInfo:
-    rank: int
-    local_rank: int
-    world_size: int
+class Runtime:
+    """This process's place in the job and how it computes."""
     device: torch.device
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    precision: str = "fp32"  # bf16 | fp16 | fp32 (resolved; see resolve_precision)
 
     @property
     def is_main(self) -> bool:
@@ -28,6 +30,19 @@ class DistInfo:
     @property
     def enabled(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def ptdtype(self) -> torch.dtype:
+        return PRECISIONS[self.precision]
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16/fp16 autocast of a forward pass; a no-op in fp32."""
+        return autocast(self.device, self.precision)()
+
+    @property
+    def cache_dtype(self):
+        """The KV cache's dtype when sampling: the autocast dtype, or None (the model's) in fp32."""
+        return None if self.precision == "fp32" else self.ptdtype
 
 
 def env_rank() -> int:
@@ -71,9 +86,9 @@ def resolve_device(name: str, local_rank: int = 0, key: str = "train.device") ->
     return device
 
 
-def init_distributed(device_pref: str = "auto", key: str = "train.device") -> DistInfo:
+def init_distributed(device_pref: str = "auto", key: str = "train.device", precision: str = "fp32") -> Runtime:
     """Initialise from torchrun's env vars (RANK, LOCAL_RANK, WORLD_SIZE); single process otherwise.
-    Under torchrun each rank takes its local rank's GPU."""
+    Under torchrun each rank takes its local rank's GPU. `precision`: a valid name (see precision_name)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank, local_rank = env_rank(), int(os.environ.get("LOCAL_RANK", "0"))
     device = resolve_device(device_pref, local_rank, key)
@@ -83,7 +98,7 @@ def init_distributed(device_pref: str = "auto", key: str = "train.device") -> Di
         torch.cuda.set_device(device)
     if world > 1 and not dist.is_initialized():
         init_process_group(device)
-    return DistInfo(rank=rank, local_rank=local_rank, world_size=world, device=device)
+    return Runtime(device, rank, local_rank, world, resolve_precision(precision, device))
 
 
 # --- precision -----------------------------------------------------------------------------------
@@ -132,6 +147,27 @@ def main_first(fn):
     out = fn() if dist.get_rank() == 0 else None
     dist.barrier(group=_wait_group)
     return out if dist.get_rank() == 0 else fn()
+
+
+def cpu_threads(requested=None) -> int:
+    """Threads for torch on CPU: `requested`, else OMP_NUM_THREADS when set, else the cores not busy with
+    other work (usable cores minus the 1-minute load average, at least 1). torch's default, every core,
+    oversubscribes a loaded machine: token-by-token decoding then runs 100x slower than on one thread."""
+    if requested is not None:
+        return int(requested)
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - round(os.getloadavg()[0]))
+
+
+def set_cpu_threads(requested, device: torch.device) -> tuple[int, int]:
+    """Apply cpu_threads() when running on CPU (eval.py, sample.py). Returns (threads now, threads
+    before) so that an in-process caller can restore torch's setting."""
+    before = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(cpu_threads(requested))
+    return torch.get_num_threads(), before
 
 
 def teardown() -> None:

@@ -1,14 +1,13 @@
-"""Checkpoints (format: README, "Resume and pre-emption"): atomic save, keep last K, find/load/validate, and pre-emption signals."""
+"""Checkpoint files (format: README, "Resume and pre-emption"): atomic save, keep last K, find, load and
+validate, the model of a checkpoint, and the RNG streams they carry. Shared by training, eval.py and
+sample.py; what training does with a run dir (its lock, the resume decision) is trainer/resume.py."""
 from __future__ import annotations
 
-import fcntl
 import logging
-import os
 import pickle
 import random
 import re
 import zipfile
-import signal
 from pathlib import Path
 from typing import Optional, Union
 
@@ -162,85 +161,6 @@ def load_model(path_or_run_dir: Union[str, Path], device="cpu"):
     return model.to(device).eval(), ckpt
 
 
-def check_compatible(path: Path, ckpt: dict, model_config: dict, tokenizer: str) -> None:
-    """A resume must continue the same model: name the first mismatching field (`norm.clamp`)."""
-    from model import GPTConfig
-
-    def flat(d: dict, prefix: str = "") -> dict:
-        out = {}
-        for k, v in d.items():
-            out.update(flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-        return out
-
-    try:
-        saved = flat(GPTConfig.from_dict(ckpt["model_config"]).to_dict())  # older flat configs in today's form
-    except UserError as e:
-        raise CheckpointError(f"checkpoint {path} has a bad model_config: {e}") from None
-    model_config = flat(model_config)
-    diff = [k for k in sorted(set(saved) | set(model_config)) if saved.get(k) != model_config.get(k)]
-    if diff:
-        k = diff[0]
-        raise CheckpointError(f"checkpoint {path} is incompatible with this run: model_config.{k} is "
-                              f"{saved.get(k)!r} in the checkpoint but {model_config.get(k)!r} now"
-                              + (f" (and {len(diff) - 1} more field(s))" if len(diff) > 1 else ""))
-    if ckpt["tokenizer"] != tokenizer:
-        raise CheckpointError(f"checkpoint {path} is incompatible with this run: tokenizer "
-                              f"{ckpt['tokenizer']!r} in the checkpoint but {tokenizer!r} now")
-
-
-# --- run directory claim ------------------------------------------------------------------------
-
-class RunDirLock:
-    """An exclusive flock on <run_dir>/.lock, held by rank 0 for the whole run: a second train.py
-    started into the same run dir is refused at once, however close together the two start. The
-    kernel drops the lock when the process dies, so a killed run never leaves a stale claim."""
-
-    NAME = ".lock"
-
-    def __init__(self, run_dir: Union[str, Path]):
-        self.path = Path(run_dir) / self.NAME
-        self._f = None
-
-    def acquire(self) -> bool:
-        """True when claimed; False when another live process holds the run dir."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        f = open(self.path, "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            return False
-        f.seek(0)
-        f.truncate()
-        f.write(f"{os.getpid()}\n")  # for the person who finds the lock: which process holds it
-        f.flush()
-        self._f = f
-        return True
-
-    def holder(self) -> str:
-        try:
-            return self.path.read_text().strip() or "?"
-        except OSError:
-            return "?"
-
-    def release(self) -> None:
-        if self._f is not None:
-            self._f.close()  # closing the descriptor drops the flock
-            self._f = None
-
-
-def remove_stale_temps(run_dir: Union[str, Path]) -> list[Path]:
-    """Temp files of writes that a kill interrupted (`.<name>.<pid>.tmp`, and older versions'
-    `.ckpt_*.pt.tmp<pid>`) in the run dir and its checkpoints/. Only safe while holding the run dir's
-    lock: no live writer can own them then."""
-    run_dir = Path(run_dir)
-    found = sorted({p for d in (run_dir, ckpt_dir(run_dir)) for pat in (".*.tmp", ".ckpt_*.pt.tmp*")
-                    for p in d.glob(pat) if p.is_file()})
-    for p in found:
-        p.unlink(missing_ok=True)
-    return found
-
-
 # --- RNG -----------------------------------------------------------------------------------------
 
 def rng_state() -> dict:
@@ -274,36 +194,3 @@ def set_rng_state(s: dict) -> None:
             return
         cuda = cuda[i]
     torch.cuda.set_rng_state(cuda)
-
-
-# --- pre-emption ---------------------------------------------------------------------------------
-
-class StopSignal:
-    """SIGTERM/SIGUSR1 set a flag; the loop checkpoints at the next step boundary and exits cleanly.
-
-    (A handler must not checkpoint itself: it could run mid-step, between backward and optimizer step.)
-    """
-
-    SIGNALS = ("SIGTERM", "SIGUSR1")
-
-    def __init__(self):
-        self.received: Optional[str] = None
-        self._previous = {}
-
-    def install(self) -> "StopSignal":
-        for name in self.SIGNALS:
-            sig = getattr(signal, name, None)
-            if sig is not None:
-                try:
-                    self._previous[sig] = signal.signal(sig, self._handler)
-                except ValueError:  # not the main thread (e.g. some test runners): leave defaults
-                    pass
-        return self
-
-    def _handler(self, signum, frame) -> None:
-        self.received = signal.Signals(signum).name
-
-    def uninstall(self) -> None:
-        for sig, prev in self._previous.items():
-            signal.signal(sig, prev)
-        self._previous.clear()

@@ -1,0 +1,199 @@
+"""The run dir and resuming (training only): the run dir's lock and the temp files an interrupted write
+left, the resume decision, what a resume may change (the model: nothing; the data order: only when
+forced), and the pre-emption signals. The loop calls these; rank 0 decides, the others are told."""
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+import signal
+from pathlib import Path
+from typing import Optional, Union
+
+from common import ConfigError, UserError
+from data.config import DataConfig
+from runtime.checkpoint import CheckpointError, ckpt_dir, find_latest, resolve_checkpoint
+
+from .sinks import truncate_jsonl
+
+log = logging.getLogger("nanonorm.train")
+
+
+def flatten(d: dict, prefix: str = "") -> dict:
+    """{"a.b": v} of a nested mapping."""
+    out = {}
+    for k, v in d.items():
+        out.update(flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def claim_run_dir(run_dir: Path) -> tuple["RunDirLock", Optional[str]]:
+    """Rank 0 takes the run dir's lock before looking at what is in it, and keeps it for the run: two
+    runs started into one dir cannot both pass the checks of `decide`. (lock, error or None)."""
+    lock = RunDirLock(run_dir)
+    if not lock.acquire():
+        return lock, (f"run dir {run_dir} is in use by another train.py (pid {lock.holder()} holds {lock.path}); "
+                      "wait for it to end, or pass another run_name=...")
+    for p in remove_stale_temps(run_dir):
+        log.warning(f"removed {p}, left by an interrupted write")
+    return lock, None
+
+
+def decide(train_cfg, run_dir: Path) -> tuple[str, Optional[str]]:
+    """Fresh, resume from which checkpoint, or refuse: ("ok", checkpoint path or None) | ("error", why).
+    `train.resume`: auto (the newest checkpoint, if any), none (fresh; an occupied dir needs
+    train.overwrite), or a checkpoint file or run dir."""
+    latest, metrics = find_latest(run_dir), run_dir / "metrics.jsonl"
+    if train_cfg.resume == "auto":
+        if latest is None:
+            truncate_jsonl(metrics, -1)  # a run that never checkpointed: its records are stale
+        return "ok", str(latest) if latest else None
+    if train_cfg.resume != "none":
+        try:
+            return "ok", str(resolve_checkpoint(train_cfg.resume, key="train.resume"))
+        except CheckpointError as e:  # raised on every rank, once rank 0 has told them
+            return "error", str(e)
+    if latest is not None or (metrics.exists() and metrics.stat().st_size > 0):
+        if not train_cfg.overwrite:
+            return "error", (f"run dir {run_dir} already holds a run ({latest or metrics}); pass train.resume=auto "
+                             "to continue it, train.overwrite=true to start over, or another run_name=...")
+        shutil.rmtree(ckpt_dir(run_dir), ignore_errors=True)
+        metrics.unlink(missing_ok=True)
+    return "ok", None
+
+
+# Keys that decide which tokens each step sees: changing one on resume makes the continuation differ
+# from an uninterrupted run, so it takes train.resume_force=true. (The model: check_compatible.)
+EXACTNESS_KEYS = ("train.seed", "train.batch_tokens", "train.overfit_batch", "data.name",
+                  *(f"data.{k}" for k in DataConfig.CONTENT_KEYS))
+# How and where to resume, not what is trained.
+RESUME_KEYS = ("train.resume", "train.resume_force", "train.overwrite", "train.stop_at", "out_dir", "run_name")
+# Compared as the model's config by check_compatible, which reads older checkpoints' forms too (the
+# `norm` group's composed keys changed when the variants took their own options).
+MODEL_PREFIXES = ("norm.",)
+
+
+def check_config_changes(path: Path, now: dict, saved: dict, resume_force: bool) -> bool:
+    """Warn about keys of the composed config that differ from the checkpoint's; refuse a change of an
+    exactness key unless `resume_force`. True when any key differs."""
+    now, before = flatten(now), flatten(saved)
+    changed = [k for k in sorted(set(now) | set(before))
+               if now.get(k) != before.get(k) and k not in RESUME_KEYS and not k.startswith(MODEL_PREFIXES)]
+    if not changed:
+        return False
+
+    def show(keys):
+        return ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in keys)
+
+    breaking = [k for k in changed if k in EXACTNESS_KEYS]
+    if breaking and not resume_force:
+        raise ConfigError(f"resuming {path} with {show(breaking)} would not continue the same data order: "
+                          "pass train.resume_force=true to resume anyway, or start another run_name=...")
+    log.warning(f"resuming {path} with a changed config: {show(changed)}"
+                + (" (the data order differs from an uninterrupted run)" if breaking else ""))
+    return True
+
+
+def check_compatible(path: Path, ckpt: dict, model_config: dict, tokenizer: str) -> None:
+    """A resume must continue the same model: name the first mismatching field (`norm.clamp`)."""
+    from model import GPTConfig
+
+    try:
+        saved = flatten(GPTConfig.from_dict(ckpt["model_config"]).to_dict())  # older flat configs in today's form
+    except UserError as e:
+        raise CheckpointError(f"checkpoint {path} has a bad model_config: {e}") from None
+    model_config = flatten(model_config)
+    diff = [k for k in sorted(set(saved) | set(model_config)) if saved.get(k) != model_config.get(k)]
+    if diff:
+        k = diff[0]
+        raise CheckpointError(f"checkpoint {path} is incompatible with this run: model_config.{k} is "
+                              f"{saved.get(k)!r} in the checkpoint but {model_config.get(k)!r} now"
+                              + (f" (and {len(diff) - 1} more field(s))" if len(diff) > 1 else ""))
+    if ckpt["tokenizer"] != tokenizer:
+        raise CheckpointError(f"checkpoint {path} is incompatible with this run: tokenizer "
+                              f"{ckpt['tokenizer']!r} in the checkpoint but {tokenizer!r} now")
+
+
+class RunDirLock:
+    """An exclusive flock on <run_dir>/.lock, held by rank 0 for the whole run: a second train.py
+    started into the same run dir is refused at once, however close together the two start. The
+    kernel drops the lock when the process dies, so a killed run never leaves a stale claim."""
+
+    NAME = ".lock"
+
+    def __init__(self, run_dir: Union[str, Path]):
+        self.path = Path(run_dir) / self.NAME
+        self._f = None
+
+    def acquire(self) -> bool:
+        """True when claimed; False when another live process holds the run dir."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        f = open(self.path, "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.close()
+            return False
+        f.seek(0)
+        f.truncate()
+        f.write(f"{os.getpid()}\n")  # for the person who finds the lock: which process holds it
+        f.flush()
+        self._f = f
+        return True
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text().strip() or "?"
+        except OSError:
+            return "?"
+
+    def release(self) -> None:
+        if self._f is not None:
+            self._f.close()  # closing the descriptor drops the flock
+            self._f = None
+
+
+def remove_stale_temps(run_dir: Union[str, Path]) -> list[Path]:
+    """Temp files of writes that a kill interrupted (`.<name>.<pid>.tmp`, and older versions'
+    `.ckpt_*.pt.tmp<pid>`) in the run dir and its checkpoints/. Only safe while holding the run dir's
+    lock: no live writer can own them then."""
+    run_dir = Path(run_dir)
+    found = sorted({p for d in (run_dir, ckpt_dir(run_dir)) for pat in (".*.tmp", ".ckpt_*.pt.tmp*")
+                    for p in d.glob(pat) if p.is_file()})
+    for p in found:
+        p.unlink(missing_ok=True)
+    return found
+
+
+# --- pre-emption ---------------------------------------------------------------------------------
+
+class StopSignal:
+    """SIGTERM/SIGUSR1 set a flag; the loop checkpoints at the next step boundary and exits cleanly.
+
+    (A handler must not checkpoint itself: it could run mid-step, between backward and optimizer step.)
+    """
+
+    SIGNALS = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self):
+        self.received: Optional[str] = None
+        self._previous = {}
+
+    def install(self) -> "StopSignal":
+        for name in self.SIGNALS:
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                try:
+                    self._previous[sig] = signal.signal(sig, self._handler)
+                except ValueError:  # not the main thread (e.g. some test runners): leave defaults
+                    pass
+        return self
+
+    def _handler(self, signum, frame) -> None:
+        self.received = signal.Signals(signum).name
+
+    def uninstall(self) -> None:
+        for sig, prev in self._previous.items():
+            signal.signal(sig, prev)
+        self._previous.clear()
