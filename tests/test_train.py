@@ -96,6 +96,32 @@ def test_consecutive_nonfinite_steps_stop_the_run_with_a_checkpoint(tmp_path):
     assert math.isfinite(summary["final_val_loss"])  # skipped steps never touched the weights
 
 
+@pytest.mark.slow
+def test_the_skip_limit_is_read_at_logging_steps_and_the_stop_says_where_it_was_reached(tmp_path):
+    res = train(make_cfg(tmp_path, "train.max_steps=50", "train.inject_nan_at=2", "train.inject_nan_steps=100",
+                         "train.max_skipped=5", "logging.log_interval=5"))
+    # skips at steps 2..10; the 5th (the limit) at step 6; read at the logging step 10
+    assert res["diverged"] and res["steps"] == 10
+    assert ("9 consecutive non-finite steps were skipped (train.max_skipped=5 was reached at step 6; it is "
+            "checked at logging steps, every logging.log_interval=5)") in res["message"]
+    assert "its weights are those after step 1" in res["message"]
+    assert records(tmp_path)[-1]["skipped_steps"] == 9
+
+
+@pytest.mark.slow
+def test_a_resumed_run_reports_its_training_time_over_all_segments(tmp_path, caplog):
+    common = ["train.max_steps=4", "logging.console=true"]
+    train(make_cfg(tmp_path, *common, "train.stop_at=2"))
+    first = ck.load_checkpoint(ck.find_latest(tmp_path))["train_s"]
+    assert first > 0
+    with caplog.at_level("INFO", logger="nanonorm.train"):
+        train(make_cfg(tmp_path, *common, "train.resume=auto"))
+    s = records(tmp_path, "summary")[0]
+    assert s["train_s"] == pytest.approx(first + s["wall_s"], rel=0.2) and s["train_s"] > s["wall_s"]
+    assert first < ck.load_checkpoint(ck.find_latest(tmp_path))["train_s"] <= s["train_s"]  # saved just before
+    assert any("all segments" in r.getMessage() and "(resumed)" in r.getMessage() for r in caplog.records)
+
+
 def test_metrics_jsonl_schema_and_sink_keys(tmp_path):
     rec = RecordingSink()
     train(make_cfg(tmp_path, "norm=spheret", "train.max_steps=4", "logging.log_interval=2",

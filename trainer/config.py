@@ -43,7 +43,7 @@ class TrainConfig:
     resume_force: bool = False            # resume though train.seed, batch_tokens or data.* changed
     overwrite: bool = False               # start fresh in a run dir holding a run (deletes its checkpoints/metrics)
     stop_at: Optional[int] = None         # stop (with a checkpoint) after this step, as if pre-empted
-    max_skipped: int = 20                 # stop after this many consecutive non-finite (skipped) steps
+    max_skipped: int = 20                 # stop after this many consecutive non-finite (skipped) steps (checked at logging steps)
     overfit_batch: bool = False           # train on one fixed batch (debugging, and the per-variant test)
     inject_nan_at: Optional[int] = None   # debugging: the loss is NaN from this step on (the non-finite guard; trainer/faults.py)
     inject_nan_steps: int = 1             # ... for this many consecutive steps

@@ -11,7 +11,6 @@ import logging
 import math
 import os
 import random
-import shutil
 import time
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -21,7 +20,6 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from common import perplexity
-from data.config import DataConfig
 from data.files import atomic_write
 
 from runtime import checkpoint, distributed
@@ -200,6 +198,7 @@ class Trainer:
         self.spike_gn = SpikeDetector(log_cfg.spike_window, log_cfg.spike_k, log_cfg.spike_min_history)
         self.best_val, self.last_val = math.inf, None
         self.step, self.wandb_run_id = 0, None
+        self.train_s_before = 0.0  # training time of the earlier segments of a resumed run
 
     def _wrap_model(self) -> None:
         """torch.compile, DDP, and the debugging faults (trainer/faults.py) around the model, once.
@@ -225,52 +224,23 @@ class Trainer:
                      + (f" | resumed from {resume_path} at step {self.step}" if resume_path else ""))
 
     def _resolve_resume(self) -> Optional[Path]:
-        """Rank 0 decides (fresh, resume from which file, or error) and tells the other ranks."""
+        """Rank 0 claims the run dir and decides (fresh, resume from which file, or error: trainer/resume.py);
+        it tells the other ranks."""
         decision = None
         if self.dist.is_main:
-            decision = self._claim_run_dir() or self._decide_resume()
+            self.lock, error = resume.claim_run_dir(self.run_dir)
+            decision = ("error", error) if error else resume.decide(self.train_cfg, self.run_dir)
         decision = distributed.broadcast_object(decision)
         if decision[0] == "error":
             raise ConfigError(decision[1])
         return Path(decision[1]) if decision[1] else None
 
-    def _claim_run_dir(self):
-        """Rank 0 takes the run dir's lock before looking at what is in it, and keeps it until close():
-        two runs started into one dir cannot both pass the checks below. None when claimed."""
-        self.lock = resume.RunDirLock(self.run_dir)
-        if not self.lock.acquire():
-            return ("error", f"run dir {self.run_dir} is in use by another train.py (pid {self.lock.holder()} holds "
-                             f"{self.lock.path}); wait for it to end, or pass another run_name=...")
-        for p in resume.remove_stale_temps(self.run_dir):
-            log.warning(f"removed {p}, left by an interrupted write")
-        return None
-
-    def _decide_resume(self):
-        train_cfg, run_dir = self.train_cfg, self.run_dir
-        latest = checkpoint.find_latest(run_dir)
-        metrics = run_dir / "metrics.jsonl"
-        if train_cfg.resume == "auto":
-            if latest is None:
-                truncate_jsonl(metrics, -1)  # a run that never checkpointed: its records are stale
-            return ("ok", str(latest) if latest else None)
-        if train_cfg.resume != "none":
-            try:
-                return ("ok", str(checkpoint.resolve_checkpoint(train_cfg.resume, key="train.resume")))
-            except checkpoint.CheckpointError as e:  # raised on every rank below, once rank 0 has told them
-                return ("error", str(e))
-        if latest is not None or (metrics.exists() and metrics.stat().st_size > 0):
-            if not train_cfg.overwrite:
-                return ("error", f"run dir {run_dir} already holds a run ({latest or metrics}); pass train.resume=auto "
-                                 f"to continue it, train.overwrite=true to start over, or another run_name=...")
-            shutil.rmtree(checkpoint.ckpt_dir(run_dir), ignore_errors=True)
-            metrics.unlink(missing_ok=True)
-        return ("ok", None)
-
     def _load(self, path: Path) -> bool:
         """Continue from checkpoint `path`. Returns whether the config differs from the checkpoint's."""
         ckpt = checkpoint.load_checkpoint(path)
         resume.check_compatible(path, ckpt, self.mcfg.to_dict(), self.tokenizer_name)
-        config_changed = self._check_config_changes(path, ckpt.get("config") or {})
+        config_changed = resume.check_config_changes(path, OmegaConf.to_container(self.cfg, resolve=True),
+                                                     ckpt.get("config") or {}, self.train_cfg.resume_force)
         try:
             self.model.load_state_dict(checkpoint.strip_prefixes(ckpt["model"]))
             self.opt.load_state_dict(ckpt["optimizer"])
@@ -298,38 +268,8 @@ class Trainer:
             seed_all(rank_seed(self.train_cfg.seed + ckpt["step"], self.dist.rank))
         self.step = int(ckpt["step"])
         self.wandb_run_id = ckpt.get("wandb_run_id")
+        self.train_s_before = float(ckpt.get("train_s") or 0.0)  # absent in older checkpoints
         return config_changed
-
-    # Keys that decide which tokens each step sees: changing one on resume makes the continuation differ
-    # from an uninterrupted run, so it takes train.resume_force=true. (Model shape: check_compatible.)
-    EXACTNESS_KEYS = ("train.seed", "train.batch_tokens", "train.overfit_batch", "data.name",
-                      *(f"data.{k}" for k in DataConfig.CONTENT_KEYS))
-    # How and where to resume, not what is trained.
-    RESUME_KEYS = ("train.resume", "train.resume_force", "train.overwrite", "train.stop_at", "out_dir", "run_name")
-    # The model's keys are compared as its config (checkpoint.check_compatible), which reads older
-    # checkpoints' forms too: the `norm` group's composed keys changed when the variants took their options.
-    MODEL_PREFIXES = ("norm.",)
-
-    def _check_config_changes(self, path: Path, saved: dict) -> bool:
-        """Warn about keys that differ from the checkpoint's config (refuse exactness keys unless
-        train.resume_force); True when any differ."""
-        now = _flatten(OmegaConf.to_container(self.cfg, resolve=True))
-        before = _flatten(saved)
-        changed = [k for k in sorted(set(now) | set(before))
-                   if now.get(k) != before.get(k) and k not in self.RESUME_KEYS and not k.startswith(self.MODEL_PREFIXES)]
-        if not changed:
-            return False
-
-        def show(keys):
-            return ", ".join(f"{k} {before.get(k)!r} -> {now.get(k)!r}" for k in keys)
-
-        breaking = [k for k in changed if k in self.EXACTNESS_KEYS]
-        if breaking and not self.train_cfg.resume_force:
-            raise ConfigError(f"resuming {path} with {show(breaking)} would not continue the same data order: "
-                              f"pass train.resume_force=true to resume anyway, or start another run_name=...")
-        log.warning(f"resuming {path} with a changed config: {show(changed)}"
-                    + (" (the data order differs from an uninterrupted run)" if breaking else ""))
-        return True
 
     def _open_sinks(self, resume_path: Optional[Path], config_changed: bool) -> None:
         if not self.dist.is_main:
@@ -425,8 +365,13 @@ class Trainer:
     def _stop_diverged(self, s: int, consec: int, result: dict) -> None:
         """Too many non-finite steps in a row: evaluate, checkpoint, and end the run as diverged."""
         result["diverged"] = True
-        msg = (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped "
-               f"(train.max_skipped={self.train_cfg.max_skipped}); the run has diverged")
+        limit = self.train_cfg.max_skipped
+        # The count is read at logging steps (no per-step host sync), so it can pass the limit before the
+        # stop; a skipped step changes nothing, so the model is still as after step s - consec.
+        msg = (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped (train.max_skipped={limit} "
+               f"was reached at step {s - consec + limit}; it is checked at logging steps, every "
+               f"logging.log_interval={self.log_cfg.log_interval}); the run has diverged, and its weights are "
+               f"those after step {s - consec}")
         if self.dist.is_main:  # every rank stops with the same message: say it once
             log.error(msg)
         result["message"] = msg
@@ -636,6 +581,7 @@ class Trainer:
                 "loader": self.loader.state_dict(),
                 "config": OmegaConf.to_container(self.cfg, resolve=True),
                 "wandb_run_id": self.wandb_run_id,
+                "train_s": self._train_s(),  # all segments up to this checkpoint (the summary's train_s)
             }
             path = checkpoint.save_checkpoint(state, self.run_dir, self.step, self.train_cfg.keep_last)
             if self.log_cfg.console:
@@ -653,12 +599,17 @@ class Trainer:
                    "spikes_loss": self.spike_loss.count, "spikes_grad_norm": self.spike_gn.count,
                    "skipped_steps": int(self.skipped.item()), "diverged": bool(result["diverged"]),
                    "steps": self.step, "norm": self.mcfg.norm.name, "seed": self.train_cfg.seed,
-                   "wall_s": time.perf_counter() - self._wall0, "commit": code_commit()}
+                   "wall_s": time.perf_counter() - self._wall0, "train_s": self._train_s(), "commit": code_commit()}
             self.emit(rec)
             result["summary"] = rec
             if self.log_cfg.console:
                 self._print_summary(rec, result.get("checkpoint"))
         return result
+
+    def _train_s(self) -> float:
+        """Seconds of training over every segment of this run: the earlier ones (as their last checkpoint
+        recorded) plus this process's so far."""
+        return self.train_s_before + time.perf_counter() - getattr(self, "_wall0", time.perf_counter())
 
     def _print_summary(self, rec: dict, ckpt_path: Optional[str]) -> None:
         """The end of a run on the console: the numbers, where everything is, what to run next."""
@@ -672,7 +623,8 @@ class Trainer:
         wandb = next((s for s in self.sinks if isinstance(s, WandbSink)), None)
         lines = [
             f"{'diverged' if rec['diverged'] else 'finished'}: {self.step} steps, {rec['tokens']:,} tokens | "
-            f"this process {_hms(wall)}, {tps:,.0f} tok/s",
+            f"this process {_hms(wall)}, {tps:,.0f} tok/s"
+            + (f" | all segments {_hms(rec['train_s'])} (resumed)" if self.train_s_before else ""),
             f"val loss: final {val(rec['final_val_loss'])}, best {val(rec['best_val_loss'])} | spikes: loss "
             f"{rec['spikes_loss']}, grad norm {rec['spikes_grad_norm']} | skipped steps {rec['skipped_steps']}",
             f"checkpoint {ckpt_path or checkpoint.find_latest(rd)} | metrics {rd / 'metrics.jsonl'} | config {rd / 'config.yaml'}"
@@ -701,16 +653,6 @@ def _hms(seconds: float) -> str:
     m, sec = divmod(int(round(seconds)), 60)
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 def _fmean(xs):
