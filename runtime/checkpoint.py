@@ -163,6 +163,17 @@ def load_model(path_or_run_dir: Union[str, Path], device="cpu"):
 
 # --- RNG -----------------------------------------------------------------------------------------
 
+def rank_seed(seed: int, rank: int) -> int:
+    """Per-rank seed (dropout etc.); rank 0 keeps `seed`, so 1 process == rank 0 of many."""
+    return (seed + 1_000_003 * rank) % (2**31)
+
+
+def seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % (2**32))
+    torch.manual_seed(seed)
+
+
 def rng_state() -> dict:
     """This process's RNG streams. On CUDA only the current device's generator: a process draws
     from its own GPU only, and a list of every visible GPU's state could not be restored where a

@@ -149,6 +149,19 @@ def main_first(fn):
     return out if dist.get_rank() == 0 else fn()
 
 
+def configure_torch(device: torch.device, threads=None, deterministic: bool = False) -> None:
+    """Threads (None: torch's), deterministic kernels, and TF32 matmuls on CUDA."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+        torch.backends.cudnn.benchmark = False
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
 def cpu_threads(requested=None) -> int:
     """Threads for torch on CPU: `requested`, else OMP_NUM_THREADS when set, else the cores not busy with
     other work (usable cores minus the 1-minute load average, at least 1). torch's default, every core,

@@ -70,7 +70,7 @@ def measure(overrides: list[str], lr: float | None, random_batch: bool) -> dict:
     from model import GPT, GPTConfig
     from model.geometry import stream_geometry
     from trainer.config import parse_run_config
-    from trainer.loop import seed_all
+    from runtime.checkpoint import seed_all
     from trainer.optim import build_optimizer, for_variant, set_lr
 
     cfg = compose(overrides)

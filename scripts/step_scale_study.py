@@ -37,7 +37,7 @@ import yaml
 
 import runlib
 from data.files import atomic_write
-from trainer.loop import code_commit
+from common.provenance import code_commit
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"

@@ -226,3 +226,12 @@ def _choice(key: str, value: Any, valid: tuple) -> None:
 def _positive(key: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
         _bad(key, value, "must be a positive integer")
+
+
+def grad_accum_steps(batch_tokens: int, micro_batch_size: int, block_size: int, world_size: int) -> int:
+    per = micro_batch_size * block_size * world_size
+    if batch_tokens % per or batch_tokens < per:
+        raise ConfigError(f"bad config train.batch_tokens={batch_tokens}: must be a positive multiple of "
+                          f"train.micro_batch_size * model.block_size * world_size = {micro_batch_size} * "
+                          f"{block_size} * {world_size} = {per}")
+    return batch_tokens // per

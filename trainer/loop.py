@@ -9,65 +9,26 @@ import contextlib
 import json
 import logging
 import math
-import os
-import random
 import time
 from pathlib import Path
 from typing import NamedTuple, Optional
 
-import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from common import perplexity
+from common.provenance import code_commit
 from data.files import atomic_write
 
 from runtime import checkpoint, distributed
 
 from . import faults, resume
-from .config import ConfigError, RunConfig, parse_run_config
-from .monitor import IntervalTimer, SpikeDetector, block_grad_norms, mfu, peak_flops
+from .config import ConfigError, RunConfig, grad_accum_steps, parse_run_config
+from .monitor import IntervalTimer, Spikes, block_grad_norms, mfu, peak_flops, read_host
 from .optim import LRSchedule, attach_lr, build_optimizer, for_variant, set_lr
-from .sinks import JsonlSink, Sink, WandbSink, truncate_jsonl
+from .sinks import ConsoleSink, JsonlSink, Sink, WandbSink, truncate_jsonl
 
 log = logging.getLogger("nanonorm.train")
-_FLAG_BASE = 2.0 ** 52  # stop-flag encoding: max over ranks of (_FLAG_BASE - step) is the earliest step
-
-
-def code_commit(repo: Optional[Path] = None) -> Optional[str]:
-    """The git commit of the checkout at `repo` (default: this code's), '+dirty' if tracked files
-    changed, for the summary record; None outside a git checkout. Once per run, at its end."""
-    import subprocess
-
-    repo = repo or Path(__file__).resolve().parent.parent
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return head + ("+dirty" if dirty else "")
-
-
-def rank_seed(seed: int, rank: int) -> int:
-    """Per-rank seed (dropout etc.); rank 0 keeps `seed`, so 1 process == rank 0 of many."""
-    return (seed + 1_000_003 * rank) % (2**31)
-
-
-def seed_all(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % (2**32))
-    torch.manual_seed(seed)
-
-
-def grad_accum_steps(batch_tokens: int, micro_batch_size: int, block_size: int, world_size: int) -> int:
-    per = micro_batch_size * block_size * world_size
-    if batch_tokens % per or batch_tokens < per:
-        raise ConfigError(f"bad config train.batch_tokens={batch_tokens}: must be a positive multiple of "
-                          f"train.micro_batch_size * model.block_size * world_size = {micro_batch_size} * "
-                          f"{block_size} * {world_size} = {per}")
-    return batch_tokens // per
 
 
 class StatsInputs(NamedTuple):
@@ -86,8 +47,6 @@ class Trainer:
         self.extra_sinks = list(sinks or [])
         self.sinks: list[Sink] = []
         self.stop = resume.StopSignal()
-        self.signal_step: Optional[int] = None
-        self._flag_work = None
         self._was_deterministic = torch.are_deterministic_algorithms_enabled()
         self._was_threads = torch.get_num_threads()
 
@@ -122,15 +81,7 @@ class Trainer:
             log.warning("fp16 on CPU is slow and only useful for testing the GradScaler path")
         self.autocast = distributed.autocast(self.device, self.precision)
         self.use_compile = (self.device.type == "cuda") if train_cfg.compile == "auto" else train_cfg.compile
-        if train_cfg.threads is not None:
-            torch.set_num_threads(train_cfg.threads)
-        if train_cfg.deterministic:
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.use_deterministic_algorithms(True)
-            torch.backends.cudnn.benchmark = False
-        if self.device.type == "cuda":
-            torch.backends.cuda.matmul.allow_tf32 = True
-            torch.backends.cudnn.allow_tf32 = True
+        distributed.configure_torch(self.device, train_cfg.threads, train_cfg.deterministic)
 
     def _prepare_data(self) -> None:
         """The prepared data dir and its tokenizer. Rank 0 prepares (downloads/tokenizes, possibly for
@@ -157,9 +108,9 @@ class Trainer:
         from model import GPT
 
         train_cfg = self.train_cfg
-        seed_all(train_cfg.seed)
+        checkpoint.seed_all(train_cfg.seed)
         self.model = GPT(self.mcfg).to(self.device)
-        seed_all(rank_seed(train_cfg.seed, self.dist.rank))
+        checkpoint.seed_all(checkpoint.rank_seed(train_cfg.seed, self.dist.rank))
         self.optim_cfg = for_variant(self.optim_cfg, self.model.variant)  # what the variant fixes (nGPT: no decay, no warmup)
         self.opt = build_optimizer(self.model, self.optim_cfg, self.device)
         self.sched = LRSchedule(self.optim_cfg, train_cfg.max_steps)
@@ -194,8 +145,7 @@ class Trainer:
         self.consec = torch.zeros((), dtype=torch.int64, device=dev)      # skipped steps in a row
         self.loss_buf = torch.zeros(log_cfg.log_interval, dtype=torch.float32, device=dev)
         self.gn_buf = torch.zeros(log_cfg.log_interval, dtype=torch.float32, device=dev)
-        self.spike_loss = SpikeDetector(log_cfg.spike_window, log_cfg.spike_k, log_cfg.spike_min_history)
-        self.spike_gn = SpikeDetector(log_cfg.spike_window, log_cfg.spike_k, log_cfg.spike_min_history)
+        self.spikes = Spikes(log_cfg)
         self.best_val, self.last_val = math.inf, None
         self.step, self.wandb_run_id = 0, None
         self.train_s_before = 0.0  # training time of the earlier segments of a resumed run
@@ -255,8 +205,7 @@ class Trainer:
             self.scaler.load_state_dict(s["scaler"])
         m = ckpt.get("monitor") or {}
         if m:
-            self.spike_loss.load_state_dict(m["spike_loss"])
-            self.spike_gn.load_state_dict(m["spike_grad_norm"])
+            self.spikes.load_state_dict(m)
             self.best_val, self.last_val = m["best_val_loss"], m["last_val"]
         self.loader.load_state_dict(ckpt["loader"])
         rng = ckpt["rng"]
@@ -265,7 +214,7 @@ class Trainer:
         else:  # a different world size cannot continue every rank's streams: derive fresh ones
             log.warning(f"resuming {path} with world size {self.dist.world_size} (saved with {rng.get('world_size')}): "
                         f"RNG streams re-derived; data order is unchanged")
-            seed_all(rank_seed(self.train_cfg.seed + ckpt["step"], self.dist.rank))
+            checkpoint.seed_all(checkpoint.rank_seed(self.train_cfg.seed + ckpt["step"], self.dist.rank))
         self.step = int(ckpt["step"])
         self.wandb_run_id = ckpt.get("wandb_run_id")
         self.train_s_before = float(ckpt.get("train_s") or 0.0)  # absent in older checkpoints
@@ -288,12 +237,14 @@ class Trainer:
         metrics = self.run_dir / "metrics.jsonl"
         if resume_path is not None:
             truncate_jsonl(metrics, self.step)
-        self.sinks = [JsonlSink(metrics)]
-        w = self.log_cfg.wandb
+        self.sinks, w, wandb = [JsonlSink(metrics)], self.log_cfg.wandb, None
         if w.mode != "disabled":
-            sink = WandbSink(w, str(self.cfg.run_name), self.run_dir, resolved, self.wandb_run_id)
-            self.wandb_run_id = sink.run_id
-            self.sinks.append(sink)
+            wandb = WandbSink(w, str(self.cfg.run_name), self.run_dir, resolved, self.wandb_run_id)
+            self.wandb_run_id = wandb.run_id
+            self.sinks.append(wandb)
+        if self.log_cfg.console:
+            self.sinks.append(ConsoleSink(self.run_dir, self.train_cfg.max_steps, self.train_cfg.batch_tokens,
+                                          self.step, resume_path is not None, wandb))
         self.sinks.extend(self.extra_sinks)
 
     def emit(self, record: dict) -> None:
@@ -321,8 +272,7 @@ class Trainer:
             is_stats = s % log_cfg.stats_interval == 0
             stats_inputs = self._timed_train_step(s, is_stats, n_buf, timer)
             self.step, n_buf = s, n_buf + 1
-            if self.stop.received is not None and self.signal_step is None:
-                self.signal_step = s  # the step during which this rank got the signal
+            self.stop.note(s)
             last = s == train_cfg.max_steps
             is_ckpt = s % train_cfg.ckpt_interval == 0 or last or (train_cfg.stop_at is not None and s >= train_cfg.stop_at)
             if is_stats:
@@ -330,7 +280,7 @@ class Trainer:
                     self.log_stats(s, stats_inputs)
             # Log steps: every log_interval, plus before any checkpoint (so a resumed run logs identically),
             # plus the step at which a stop signal is acted on (this step alone, the next one under DDP).
-            signalled = self._stop_requested()
+            signalled = self.stop.requested(self._flag_group)
             if s % log_cfg.log_interval == 0 or is_ckpt or n_buf == log_cfg.log_interval or signalled:
                 signal_seen, consec = self.log_train(s, n_buf, *timer.read())
                 n_buf = 0
@@ -382,29 +332,8 @@ class Trainer:
         """A pre-emption signal: checkpoint at this step boundary, to be resumed."""
         result["stopped"] = signal_seen
         result["checkpoint"] = str(self.save())
-        at = f" at step {self.signal_step}" if self.signal_step is not None else ""
+        at = f" at step {self.stop.step}" if self.stop.step is not None else ""
         log.warning(f"{signal_seen} received{at}: checkpoint saved at step {s}; continue with train.resume=auto")
-
-    def _stop_requested(self) -> bool:
-        """Whether any rank has had SIGTERM/SIGUSR1. One process: this process's flag. DDP: all ranks must
-        stop at the same step, so each step launches an asynchronous max-all-reduce of every rank's flag
-        (a CPU tensor on a gloo group: no device sync) and reads the previous step's result, which has
-        long arrived: a signal is acted on one step after the step it came in, with no blocking per step."""
-        if not self.dist.enabled:
-            return self.stop.received is not None
-        seen = False
-        if self._flag_work is not None:
-            self._flag_work.wait()
-            v = self._flag.item()
-            if v > 0:  # the flag holds _FLAG_BASE - (the earliest step any rank was signalled at)
-                seen, self.signal_step = True, int(_FLAG_BASE - v)
-        if not seen:
-            self._flag = torch.tensor(_FLAG_BASE - self.signal_step if self.signal_step is not None else 0.0,
-                                      dtype=torch.float64)
-            self._flag_work = distributed.all_reduce_async(self._flag, "max", self._flag_group)
-        else:
-            self._flag_work = None
-        return seen
 
     def train_step(self, s: int, is_stats: bool, slot: int) -> Optional[StatsInputs]:
         """Step `s`: forward/backward over the micro-batches, clip, update or skip a non-finite step.
@@ -470,50 +399,27 @@ class Trainer:
 
         `elapsed` is the time of the interval's `timed` steps (all n but a compiling first step);
         throughput and MFU are null when no step was timed."""
-        W = self.dist.world_size
-        flag = 1.0 if self.stop.received else 0.0
-        per_step = self.loss_buf[:n].clone()
-        distributed.all_reduce_(per_step, "sum")
-        mx = torch.cat([self.loss_buf[:n], torch.tensor([flag], device=self.device)])
-        distributed.all_reduce_(mx, "max")
-        host = torch.cat([per_step / W, mx, self.gn_buf[:n],
-                          torch.stack([self.skipped.float(), self.consec.float(), self.opt.lr_tensor.float()])]).tolist()
-        losses, maxes, signal_seen = host[:n], host[n:2 * n], host[2 * n] > 0
-        gns, (skipped, consec, lr) = host[2 * n + 1:3 * n + 1], host[3 * n + 1:]
-        first = s - n + 1
-        for i in range(n):
-            for metric, det, v in (("loss", self.spike_loss, losses[i]), ("grad_norm", self.spike_gn, gns[i])):
-                z = det.update(v)
-                if z is not None and self.dist.is_main:
-                    self.emit({"kind": "spike", "step": first + i, "tokens": (first + i) * self.train_cfg.batch_tokens,
-                               "metric": metric, "value": v, "z": z})
-                    log.warning(f"spike in {metric} at step {first + i}: {v:.4g} (z={z:.1f})")
-        tps = timed * self.train_cfg.batch_tokens / max(elapsed, 1e-9) if timed else None
-        rec = {"kind": "train", "step": s, "tokens": s * self.train_cfg.batch_tokens,
-               "loss": _fmean(losses), "loss_max": _fmean(maxes), "lr": lr, "grad_norm": _fmean(gns),
+        W, bt = self.dist.world_size, self.train_cfg.batch_tokens
+        loss_mean = distributed.all_reduce_(self.loss_buf[:n].clone(), "sum") / W
+        loss_max = distributed.all_reduce_(self.loss_buf[:n].clone(), "max")
+        flag = distributed.all_reduce_(torch.tensor([1.0 if self.stop.received else 0.0], device=self.device), "max")
+        h = read_host(loss=loss_mean, loss_max=loss_max, flag=flag, grad_norm=self.gn_buf[:n], skipped=self.skipped,
+                      consec=self.consec, lr=self.opt.lr_tensor)  # the one host sync of the interval
+        for spike in self.spikes.update(s - n + 1, bt, loss=h["loss"], grad_norm=h["grad_norm"]):
+            if self.dist.is_main:
+                self.emit(spike)
+        tps = timed * bt / max(elapsed, 1e-9) if timed else None
+        rec = {"kind": "train", "step": s, "tokens": s * bt, "loss": _fmean(h["loss"]),
+               "loss_max": _fmean(h["loss_max"]), "lr": h["lr"][0], "grad_norm": _fmean(h["grad_norm"]),
                "tokens_per_s": tps, "step_time": elapsed / timed if timed else None,
                "mfu": mfu(self.flops_per_token, tps / W, self.peak) if timed else None,
-               "skipped_steps": int(skipped), "spikes_loss": self.spike_loss.count,
-               "spikes_grad_norm": self.spike_gn.count}
+               "skipped_steps": int(h["skipped"][0]), **self.spikes.counts()}
+        signal_seen, consec = h["flag"][0] > 0, int(h["consec"][0])
         if self.compile_s is not None:  # once, in the first record after the compiling step
             rec["compile_s"], self.compile_s = self.compile_s, None
         if self.dist.is_main:
             self.emit(rec)
-            if self.log_cfg.console:
-                log.info(f"step {s}/{self.train_cfg.max_steps} | loss {rec['loss']:.4f} | lr {lr:.3g} | grad norm "
-                         f"{rec['grad_norm']:.3g}"
-                         + (f" | {tps:,.0f} tok/s | {1000 * rec['step_time']:.0f} ms/step" if timed else "")
-                         + (f" | mfu {100 * rec['mfu']:.1f}%" if rec["mfu"] is not None else "")
-                         + (f" | compile {rec['compile_s']:.1f}s (first step, not in tok/s)" if "compile_s" in rec else "")
-                         + (f" | skipped {int(skipped)}" if skipped else "") + self._eta(s))
-        return (self.stop.received or "SIGTERM/SIGUSR1 (on another rank)") if signal_seen else None, int(consec)
-
-    def _eta(self, s: int) -> str:
-        """Time left at this process's mean pace so far (validation and checkpoints included)."""
-        done = s - self._step0
-        if done <= 0 or s >= self.train_cfg.max_steps:
-            return ""
-        return f" | eta {_hms((time.perf_counter() - self._wall0) / done * (self.train_cfg.max_steps - s))}"
+        return (self.stop.received or "SIGTERM/SIGUSR1 (on another rank)") if signal_seen else None, consec
 
     @torch.no_grad()
     def evaluate(self) -> None:
@@ -539,8 +445,6 @@ class Trainer:
             ppl = perplexity(val)
             self.emit({"kind": "eval", "step": self.step, "tokens": self.step * self.train_cfg.batch_tokens,
                        "val_loss": val, "val_ppl": ppl})
-            if self.log_cfg.console:
-                log.info(f"step {self.step} | val loss {val:.4f} | val ppl {ppl:.2f}")
 
     @torch.no_grad()
     def log_stats(self, s: int, inputs: StatsInputs) -> None:
@@ -575,8 +479,7 @@ class Trainer:
                 "scheduler": {"updates": self.updates.item(),
                               "skipped_total": int(self.skipped.item()), "consecutive_skipped": int(self.consec.item()),
                               "scaler": self.scaler.state_dict() if self.scaler else None},
-                "monitor": {"spike_loss": self.spike_loss.state_dict(), "spike_grad_norm": self.spike_gn.state_dict(),
-                            "best_val_loss": self.best_val, "last_val": self.last_val},
+                "monitor": {**self.spikes.state_dict(), "best_val_loss": self.best_val, "last_val": self.last_val},
                 "rng": {"world_size": self.dist.world_size, "per_rank": rng},
                 "loader": self.loader.state_dict(),
                 "config": OmegaConf.to_container(self.cfg, resolve=True),
@@ -596,14 +499,12 @@ class Trainer:
                    "final_val_loss": self.last_val,
                    "final_val_ppl": perplexity(self.last_val),
                    "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
-                   "spikes_loss": self.spike_loss.count, "spikes_grad_norm": self.spike_gn.count,
+                   **self.spikes.counts(),
                    "skipped_steps": int(self.skipped.item()), "diverged": bool(result["diverged"]),
                    "steps": self.step, "norm": self.mcfg.norm.name, "seed": self.train_cfg.seed,
                    "wall_s": time.perf_counter() - self._wall0, "train_s": self._train_s(), "commit": code_commit()}
             self.emit(rec)
             result["summary"] = rec
-            if self.log_cfg.console:
-                self._print_summary(rec, result.get("checkpoint"))
         return result
 
     def _train_s(self) -> float:
@@ -611,35 +512,7 @@ class Trainer:
         recorded) plus this process's so far."""
         return self.train_s_before + time.perf_counter() - getattr(self, "_wall0", time.perf_counter())
 
-    def _print_summary(self, rec: dict, ckpt_path: Optional[str]) -> None:
-        """The end of a run on the console: the numbers, where everything is, what to run next."""
-        wall = time.perf_counter() - self._wall0
-        tps = (self.step - self._step0) * self.train_cfg.batch_tokens / max(wall, 1e-9)
-
-        def val(v):
-            return "n/a" if v is None else f"{v:.4f} (ppl {perplexity(v):.2f})"
-
-        rd = self.run_dir
-        wandb = next((s for s in self.sinks if isinstance(s, WandbSink)), None)
-        lines = [
-            f"{'diverged' if rec['diverged'] else 'finished'}: {self.step} steps, {rec['tokens']:,} tokens | "
-            f"this process {_hms(wall)}, {tps:,.0f} tok/s"
-            + (f" | all segments {_hms(rec['train_s'])} (resumed)" if self.train_s_before else ""),
-            f"val loss: final {val(rec['final_val_loss'])}, best {val(rec['best_val_loss'])} | spikes: loss "
-            f"{rec['spikes_loss']}, grad norm {rec['spikes_grad_norm']} | skipped steps {rec['skipped_steps']}",
-            f"checkpoint {ckpt_path or checkpoint.find_latest(rd)} | metrics {rd / 'metrics.jsonl'} | config {rd / 'config.yaml'}"
-            + (f" | wandb run {wandb.run_id} ({self.log_cfg.wandb.mode}{', ' + wandb.url if wandb.url else ''}, "
-               f"{rd / 'wandb'})" if wandb else " | wandb disabled"),
-            f"next: python eval.py {rd} | python sample.py {rd} --prompt \"...\" | "
-            f"python scripts/plot_curves.py {rd} --out {rd / 'curves'}",
-        ]
-        for line in lines:
-            log.info(line)
-
     def close(self) -> None:
-        if getattr(self, "_flag_work", None) is not None:
-            self._flag_work.wait()  # every rank launched the same flag all-reduces: finish the last one
-            self._flag_work = None
         self.stop.uninstall()
         if getattr(self, "lock", None) is not None:
             self.lock.release()
@@ -647,12 +520,6 @@ class Trainer:
         torch.set_num_threads(self._was_threads)
         for s in self.sinks:
             s.close()
-
-
-def _hms(seconds: float) -> str:
-    m, sec = divmod(int(round(seconds)), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
 
 
 def _fmean(xs):

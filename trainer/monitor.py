@@ -52,6 +52,49 @@ class SpikeDetector:
         self.count = d["count"]
 
 
+class Spikes:
+    """The run's two spike detectors (loss and grad norm, `logging.spike_*`) and their records."""
+
+    METRICS = ("loss", "grad_norm")
+
+    def __init__(self, log_cfg):
+        self.detectors = {m: SpikeDetector(log_cfg.spike_window, log_cfg.spike_k, log_cfg.spike_min_history)
+                          for m in self.METRICS}
+
+    def update(self, first_step: int, batch_tokens: int, **values: list) -> list[dict]:
+        """Feed the per-step values of steps first_step, first_step+1, ...; the spike records they make."""
+        out = []
+        for i in range(len(values["loss"])):
+            for m in self.METRICS:
+                z = self.detectors[m].update(values[m][i])
+                if z is not None:
+                    s = first_step + i
+                    out.append({"kind": "spike", "step": s, "tokens": s * batch_tokens, "metric": m,
+                                "value": values[m][i], "z": z})
+                    log.warning(f"spike in {m} at step {s}: {values[m][i]:.4g} (z={z:.1f})")
+        return out
+
+    def counts(self) -> dict:
+        return {f"spikes_{m}": d.count for m, d in self.detectors.items()}
+
+    def state_dict(self) -> dict:
+        return {f"spike_{m}": d.state_dict() for m, d in self.detectors.items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for m, d in self.detectors.items():
+            d.load_state_dict(state[f"spike_{m}"])
+
+
+def read_host(**tensors: torch.Tensor) -> dict:
+    """Named device tensors on the host as lists, through one device-to-host copy (one sync)."""
+    flat = [t.detach().float().reshape(-1) for t in tensors.values()]
+    values = torch.cat(flat).tolist() if flat else []
+    out, i = {}, 0
+    for name, t in zip(tensors, flat):
+        out[name], i = values[i:i + t.numel()], i + t.numel()
+    return out
+
+
 # Dense (no sparsity) peak FLOP/s by the exact name torch reports, from the vendor datasheets, per
 # autocast precision; fp32 means TF32 matmuls. Exact names: the PCIe and NVL parts of a generation
 # are slower than its SXM part, and a substring match would give them the SXM peak.

@@ -170,15 +170,20 @@ def remove_stale_temps(run_dir: Union[str, Path]) -> list[Path]:
 
 class StopSignal:
     """SIGTERM/SIGUSR1 set a flag; the loop checkpoints at the next step boundary and exits cleanly.
-
     (A handler must not checkpoint itself: it could run mid-step, between backward and optimizer step.)
-    """
+
+    Under DDP every rank must stop at the same step: `requested` launches, each step, an asynchronous
+    max-all-reduce of every rank's flag (a CPU tensor on a gloo group: no device sync) and reads the
+    previous step's result, which has long arrived. A signal is acted on one step after the step it came
+    in, with no blocking per step."""
 
     SIGNALS = ("SIGTERM", "SIGUSR1")
+    _BASE = 2.0 ** 52  # the flag is _BASE - step: its max over ranks names the earliest signalled step
 
     def __init__(self):
         self.received: Optional[str] = None
-        self._previous = {}
+        self.step: Optional[int] = None  # the step during which a signal came (this rank's or, agreed, the earliest)
+        self._previous, self._work, self._flag = {}, None, None
 
     def install(self) -> "StopSignal":
         for name in self.SIGNALS:
@@ -193,7 +198,37 @@ class StopSignal:
     def _handler(self, signum, frame) -> None:
         self.received = signal.Signals(signum).name
 
+    def note(self, step: int) -> None:
+        """Called after each step: remember the step during which this rank got its signal."""
+        if self.received is not None and self.step is None:
+            self.step = step
+
+    def requested(self, group=None) -> bool:
+        """Whether any rank has had a signal: this process's flag, or (`group`: the ranks' gloo group)
+        the agreement of all ranks, one step late."""
+        if group is None:
+            return self.received is not None
+        import torch
+
+        from runtime import distributed
+
+        seen = False
+        if self._work is not None:
+            self._work.wait()
+            v = self._flag.item()
+            if v > 0:
+                seen, self.step = True, int(self._BASE - v)
+        if seen:
+            self._work = None
+        else:
+            self._flag = torch.tensor(self._BASE - self.step if self.step is not None else 0.0, dtype=torch.float64)
+            self._work = distributed.all_reduce_async(self._flag, "max", group)
+        return seen
+
     def uninstall(self) -> None:
+        if self._work is not None:
+            self._work.wait()  # every rank launched the same flag all-reduces: finish the last one
+            self._work = None
         for sig, prev in self._previous.items():
             signal.signal(sig, prev)
         self._previous.clear()

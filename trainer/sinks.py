@@ -1,15 +1,20 @@
-"""Where records go: metrics.jsonl (always), wandb (rank 0, offline by default), a recorder for tests.
+"""Where records go: metrics.jsonl (always), the console (`logging.console`), wandb (rank 0, offline by default).
 
 A record is a flat dict with "kind", "step", "tokens" and the fields listed in the README's "Monitoring" section.
 """
 from __future__ import annotations
 
 import json
+import logging
 import math
+import time
 from pathlib import Path
 from typing import Optional
 
+from common import perplexity
 from data.files import atomic_write
+
+log = logging.getLogger("nanonorm.train")
 
 
 def _clean(v):
@@ -82,6 +87,7 @@ class WandbSink(Sink):
                               id=run_id, resume="allow" if run_id else None,
                               settings=wandb.Settings(console="off", silent=True))
         self.run_id = self.run.id if self.run is not None else None
+        self.mode = wcfg.mode
         self.url = getattr(self.run, "url", None) if wcfg.mode == "online" else None
 
     def log(self, record: dict) -> None:
@@ -94,3 +100,62 @@ class WandbSink(Sink):
 
     def close(self) -> None:
         self.run.finish()
+
+
+def hms(seconds: float) -> str:
+    m, sec = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{sec:02d}s" if m else f"{sec}s"
+
+
+class ConsoleSink(Sink):
+    """The run on the console: one line per train and eval record (with the time left at this process's
+    pace so far), and at the summary where everything is and what to run next."""
+
+    def __init__(self, run_dir: Path, max_steps: int, batch_tokens: int, step0: int, resumed: bool,
+                 wandb: Optional["WandbSink"] = None):
+        self.run_dir, self.max_steps, self.batch_tokens = Path(run_dir), max_steps, batch_tokens
+        self.step0, self.resumed, self.wandb = step0, resumed, wandb
+        self.t0 = time.perf_counter()
+
+    def log(self, r: dict) -> None:
+        if r["kind"] == "train":
+            log.info(f"step {r['step']}/{self.max_steps} | loss {r['loss']:.4f} | lr {r['lr']:.3g} | grad norm "
+                     f"{r['grad_norm']:.3g}"
+                     + (f" | {r['tokens_per_s']:,.0f} tok/s | {1000 * r['step_time']:.0f} ms/step"
+                        if r["tokens_per_s"] is not None else "")
+                     + (f" | mfu {100 * r['mfu']:.1f}%" if r["mfu"] is not None else "")
+                     + (f" | compile {r['compile_s']:.1f}s (first step, not in tok/s)" if "compile_s" in r else "")
+                     + (f" | skipped {r['skipped_steps']}" if r["skipped_steps"] else "") + self._eta(r["step"]))
+        elif r["kind"] == "eval":
+            log.info(f"step {r['step']} | val loss {r['val_loss']:.4f} | val ppl {r['val_ppl']:.2f}")
+        elif r["kind"] == "summary":
+            for line in self._summary(r):
+                log.info(line)
+
+    def _eta(self, step: int) -> str:
+        done = step - self.step0
+        if done <= 0 or step >= self.max_steps:
+            return ""
+        return f" | eta {hms((time.perf_counter() - self.t0) / done * (self.max_steps - step))}"
+
+    def _summary(self, r: dict) -> list[str]:
+        from runtime.checkpoint import find_latest
+
+        def val(v):
+            return "n/a" if v is None else f"{v:.4f} (ppl {perplexity(v):.2f})"
+
+        rd, w = self.run_dir, self.wandb
+        tps = (r["steps"] - self.step0) * self.batch_tokens / max(r["wall_s"], 1e-9)
+        return [
+            f"{'diverged' if r['diverged'] else 'finished'}: {r['steps']} steps, {r['tokens']:,} tokens | "
+            f"this process {hms(r['wall_s'])}, {tps:,.0f} tok/s"
+            + (f" | all segments {hms(r['train_s'])} (resumed)" if self.resumed else ""),
+            f"val loss: final {val(r['final_val_loss'])}, best {val(r['best_val_loss'])} | spikes: loss "
+            f"{r['spikes_loss']}, grad norm {r['spikes_grad_norm']} | skipped steps {r['skipped_steps']}",
+            f"checkpoint {find_latest(rd)} | metrics {rd / 'metrics.jsonl'} | config {rd / 'config.yaml'}"
+            + (f" | wandb run {w.run_id} ({w.mode}{', ' + w.url if w.url else ''}, {rd / 'wandb'})" if w
+               else " | wandb disabled"),
+            f"next: python eval.py {rd} | python sample.py {rd} --prompt \"...\" | "
+            f"python scripts/plot_curves.py {rd} --out {rd / 'curves'}",
+        ]
