@@ -74,9 +74,12 @@ def evaluate(args) -> int:
     from evaluation.config import from_args
 
     cfg = from_args(args)
+    from data.files import writable_dir
     from runtime.checkpoint import resolve_checkpoint
 
     ckpt_path = resolve_checkpoint(args.path)
+    if cfg.out:  # before the evaluation: its result must have somewhere to go
+        writable_dir(Path(cfg.out).parent, "--out")
     rt = runtime.init_distributed(cfg.device, "device", cfg.dtype)
     _, before = runtime.set_cpu_threads(cfg.threads, rt.device)
     try:

@@ -4,3 +4,8 @@ from common import UserError
 
 class DataError(UserError, ValueError):
     """Bad data config or input; the message is one line naming the key/file and what is valid."""
+
+
+class HubUnreachable(DataError):
+    """The Hugging Face hub could not be reached (no network, or HF_HUB_OFFLINE without a cached copy).
+    Not bad input: what was already prepared is kept, to resume when the hub is back."""

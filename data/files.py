@@ -6,6 +6,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Iterator, Union
 
+from common.errors import UserError
+
 
 @contextmanager
 def atomic_open(path: Union[str, os.PathLike], mode: str = "w") -> Iterator[IO]:
@@ -30,3 +32,23 @@ def atomic_write(path: Union[str, os.PathLike], data: Union[str, bytes]) -> Path
     with atomic_open(path, "wb" if isinstance(data, bytes) else "w") as f:
         f.write(data)
     return Path(path)
+
+
+class NotWritable(UserError, OSError):
+    """A destination that cannot be written: one line, naming the key that chose it."""
+
+
+def writable_dir(path: Union[str, os.PathLike], key: str) -> Path:
+    """Create the directory `path` if needed and check that a file can be written in it, before any work
+    whose result would go there; a NotWritable naming `key` otherwise."""
+    p = Path(path)
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        probe = p / f".write_check.{os.getpid()}.tmp"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise NotWritable(f"cannot write to {path} ({e.strerror or e}), chosen by {key}: choose a writable "
+                          "location") from None
+    return p
+

@@ -33,7 +33,8 @@ import numpy as np
 from common import report_user_errors
 
 from .config import DataConfig, DataError
-from .files import atomic_write
+from .errors import HubUnreachable
+from .files import atomic_write, writable_dir
 from .loader import GOLDEN_GAMMA, splitmix64
 from .shards import (HEADER_BYTES, MAGIC, MAX_VOCAB, TOKEN_DTYPE, VERSION, open_shard, sha256_file, shard_name,
                      write_shard)
@@ -260,7 +261,7 @@ def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress:
     if tok.vocab_size > MAX_VOCAB:
         raise DataError(f"data.tokenizer={cfg.tokenizer!r} has {tok.vocab_size} ids, more than the uint16 shards "
                         f"hold ({MAX_VOCAB}); use a tokenizer with at most {MAX_VOCAB} ids")
-    out.mkdir(parents=True, exist_ok=True)
+    writable_dir(out, "data.root (else $NANONORM_DATA, else data_cache)")  # before any download or work
     with open(out / ".lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second process preparing the same dir waits, then reuses it
         if not force and _check_prepared(cfg, out, verify):
@@ -270,6 +271,12 @@ def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress:
             _clear(out)
         try:
             _run(cfg, tok, out, progress)
+        except HubUnreachable:
+            # The network, not the input: keep what was prepared (to resume), and no empty dir with a lock.
+            (out / ".lock").unlink(missing_ok=True)
+            if not any(out.iterdir()):
+                out.rmdir()
+            raise
         except DataError:
             # Bad input fails the same way every time: nothing worth resuming, so leave no half-made dir.
             _clear(out)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from common import Registry
 
-from .errors import DataError
+from .errors import DataError, HubUnreachable
 
 if TYPE_CHECKING:  # type hints only: the config imports this registry, not the other way round
     from .config import DataConfig
@@ -164,6 +164,17 @@ def _unreadable(what: str, e: BaseException) -> DataError:
                      f"as their extension says")
 
 
+def _unreachable(path: str, e: BaseException) -> HubUnreachable:
+    import os
+
+    offline = os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+    advice = ("HF_HUB_OFFLINE is set and the dataset is not in the local cache: unset it to download"
+              if offline else "check the network connection (or set HF_HUB_OFFLINE=1 to use a cached copy)")
+    why = " ".join(str(e).split())[:200] or type(e).__name__
+    return HubUnreachable(f"data.path={path!r}: cannot reach the Hugging Face hub ({why}); {advice}, or prepare "
+                          f"a local copy with data=local data.files=<your .jsonl/.parquet/.txt files>")
+
+
 def _load(cfg: DataConfig, path: str, split: str, what: str = "", **kw):
     """The one call both hub and local data go through (`what` names the files, for error messages)."""
     import datasets
@@ -173,6 +184,8 @@ def _load(cfg: DataConfig, path: str, split: str, what: str = "", **kw):
         return datasets.load_dataset(path, split=split, streaming=cfg.streaming, cache_dir=cfg.cache_dir, **kw)
     except _unreadable_types() as e:
         raise _unreadable(what or f"data.path={path!r}", e) from None
+    except ConnectionError as e:  # datasets' own (builtins) ConnectionError: hub unreachable or offline
+        raise _unreachable(path, e) from None
     except FileNotFoundError as e:
         raise DataError(f"data.path={path!r}: {str(e).splitlines()[0] if str(e) else 'not found'}") from e
     except ValueError as e:
@@ -208,6 +221,8 @@ def _ds_stream(cfg: DataConfig, ds, label: str, split: str | None, info: dict) -
                 yield [t if isinstance(t, str) else ("" if t is None else str(t)) for t in b[col]]
         except _unreadable_types() as e:
             raise _unreadable(label, e) from None
+        except ConnectionError as e:  # a stream from the hub that loses the network part-way
+            raise _unreachable(info.get("path", label), e) from None
 
     return Stream(label, split, total, batches, info)
 

@@ -31,7 +31,8 @@ from pathlib import Path
 
 import runlib
 from common.stats import summarize, verdict
-from data.files import atomic_write
+from common import report_user_errors
+from data.files import atomic_write, writable_dir
 
 
 def mean_std(xs: list[float]) -> tuple[float | None, float | None]:
@@ -226,6 +227,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--best-over", metavar="KEY", help="per variant, the best value of this swept config key")
     args = ap.parse_args(argv)
 
+    if args.out:
+        report_user_errors(writable_dir, Path(args.out).parent, "--out")
     group_by = [k for k in args.group_by.split(",") if k]
     runs = [runlib.load_run(p, group_by) for p in runlib.find_runs(args.runs)]
     meta = runlib.experiment_meta(runs)

@@ -95,6 +95,17 @@ def test_train_py_reports_an_unknown_key_in_one_line(tmp_path):
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
+def test_train_py_reports_an_unwritable_run_dir_in_one_line(tmp_path):
+    (tmp_path / "afile").write_text("")  # a file where the run dir should go: unwritable even as root
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    p = subprocess.run([sys.executable, "train.py", f"out_dir={tmp_path / 'afile' / 'run'}"], cwd=REPO, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip() == (f"error: cannot create the run dir {tmp_path / 'afile' / 'run'} (Not a directory), "
+                                "chosen by out_dir: pass a writable out_dir=... (default runs/<run_name>)")
+
+
 def _leaves(d, prefix=""):
     for k, v in d.items():
         if isinstance(v, dict):

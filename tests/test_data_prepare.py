@@ -13,6 +13,7 @@ import pytest
 
 from helpers import unregister
 
+from common import UserError
 from data import DataError, TrainLoader, ValLoader, get_tokenizer, prepare_dataset
 from data.config import DataConfig
 from data.prepare import compose_data_config
@@ -154,6 +155,60 @@ def test_hub_code_path_with_own_validation_split(tmp_path):
 def shard_shas(out):
     meta = json.loads((out / "meta.json").read_text())
     return {sh["file"]: sh["sha256"] for s in meta["splits"].values() for sh in s["shards"]}
+
+
+def test_an_unwritable_data_root_is_one_line_and_leaves_nothing(tmp_path):
+    (tmp_path / "afile").write_text("")  # a file in the way: unwritable even as root
+    f = write_jsonl(tmp_path / "c.jsonl", DOCS)
+    with pytest.raises(UserError, match=r"^cannot write to .*afile/x/.* chosen by data.root \(else \$NANONORM_DATA"):
+        prepare_dataset(cfg(tmp_path / "afile" / "x", files=[str(f)]), progress=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", [["-m", "data.prepare", "data=openwebtext"],
+                                   ["train.py", "data=fineweb_edu", "train.max_steps=1"]])
+def test_an_unreachable_hub_is_one_line_and_leaves_no_directory(tmp_path, entry):
+    # HF_HUB_OFFLINE=1 fails at once, without the network, exactly as an unreachable hub does
+    env = {**os.environ, "NANONORM_DATA": str(tmp_path / "root"), "HF_HUB_OFFLINE": "1", "WANDB_MODE": "disabled",
+           "HF_DATASETS_CACHE": str(tmp_path / "hf")}
+    p = subprocess.run([sys.executable, *entry, f"out_dir={tmp_path / 'run'}"] if entry[0] == "train.py"
+                       else [sys.executable, *entry], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    err = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert err[-1].startswith("error: data.path=") and "cannot reach the Hugging Face hub" in err[-1]
+    assert "HF_HUB_OFFLINE is set" in err[-1] and "data=local data.files=" in err[-1]
+    assert not any((tmp_path / "root").glob("*/*")) and not any((tmp_path / "root").glob("*"))  # no dir, no .lock
+
+
+def test_a_hub_lost_part_way_keeps_what_was_prepared(tmp_path, monkeypatch):
+    """The network, not the input: one line that says what to do, and the finished shards stay to resume."""
+    import datasets
+    from data.errors import HubUnreachable
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    c = cfg(tmp_path, source="hf", path="org/corpus")
+    with monkeypatch.context() as m, pytest.raises(
+            HubUnreachable, match=r"^data.path='org/corpus': cannot reach the Hugging Face hub \(no route\); "
+                                  r"check the network connection"):
+        m.setattr(datasets, "load_dataset", lambda *a, **k: (_ for _ in ()).throw(ConnectionError("no route")))
+        prepare_dataset(c, progress=False)
+    assert not DataConfig.from_any(c).out_dir.exists()  # nothing prepared yet: no empty dir with a .lock
+
+    import data.prepare as P
+    real = P._save_progress
+
+    def save_then_lose_the_network(out, *args):  # a stream that drops after its first shards
+        real(out, *args)
+        if len(list(Path(out).glob("*_*.bin"))) >= 2:
+            raise HubUnreachable("data.path='org/corpus': cannot reach the Hugging Face hub (lost)")
+    monkeypatch.setattr(P, "_save_progress", save_then_lose_the_network)
+    f = write_jsonl(tmp_path / "c.jsonl", DOCS * 3)
+    c2 = cfg(tmp_path / "b", files=[str(f)], shard_size=2500, batch_docs=8)
+    with pytest.raises(HubUnreachable):
+        prepare_dataset(c2, progress=False)
+    out = DataConfig.from_any(c2).out_dir
+    assert len(list(out.glob("*_*.bin"))) >= 2 and (out / "progress.json").exists()  # kept, to resume
+    assert not (out / ".lock").exists()
 
 
 def fail_after_shards(monkeypatch, n: int) -> None:

@@ -254,6 +254,19 @@ def test_bad_checkpoint_paths_give_one_clear_line(tmp_path, capsys, setup, needl
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
+def test_an_unwritable_out_is_refused_before_evaluating(tmp_path, capsys, monkeypatch):
+    import evaluation.perplexity as P
+
+    ckpt = save_ckpt(tmp_path / "c.pt", tiny_model())
+    write_split(tmp_path / "data", [40])
+    (tmp_path / "afile").write_text("")  # a file where --out needs a directory: unwritable even as root
+    monkeypatch.setattr(P, "evaluate_perplexity", lambda *a, **k: pytest.fail("evaluated before checking --out"))
+    rc, _, err = run_eval(capsys, ckpt, "--tasks", "none", "--data-dir", tmp_path / "data",
+                          "--out", tmp_path / "afile" / "r.json")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert f"cannot write to {tmp_path / 'afile'}" in err and "chosen by --out" in err
+
+
 def test_bad_eval_options_give_one_clear_line(tmp_path, capsys):
     ckpt = save_ckpt(tmp_path / "c.pt", tiny_model())
     rc, _, err = run_eval(capsys, ckpt, "--stride", "0")

@@ -124,6 +124,15 @@ def test_table_markdown_and_latex_files(study: Path, tmp_path: Path) -> None:
     assert r"\toprule" in tex and r"pre\_ln" in tex and r"3.1500 $\pm$ 0.1414" in tex and "3.4040" in tex
 
 
+def test_table_with_an_unwritable_out_is_one_line_before_reading_runs(tmp_path: Path, capsys) -> None:
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(SystemExit) as e:
+        make_table.main([str(tmp_path / "no_runs_here"), "--out", str(tmp_path / "afile" / "t.md")])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.strip() == (f"error: cannot write to {tmp_path / 'afile'} (File exists), "
+                                                 "chosen by --out: choose a writable location")
+
+
 def test_table_ablation_labels_unfinished_and_no_paper(tmp_path: Path, capsys) -> None:
     meta = {"name": "geonorm_decay_books3", "paper_setting": "geonorm_decay_books3",
             "points": {"decay_sqrt": {"norm": "geonorm", "norm.decay": "sqrt"},

@@ -89,3 +89,19 @@ def run_hydra(hydra_main) -> None:
     except (ConfigCompositionException, OverrideParseException) as e:
         print(f"error: {composition_error_line(e)}", file=sys.stderr)
         raise SystemExit(2) from None
+    except OSError as e:
+        if not _raised_by_hydra_before_the_task(e):
+            raise
+        print(f"error: cannot create the run dir {e.filename} ({e.strerror or e}), chosen by out_dir: pass a "
+              "writable out_dir=... (default runs/<run_name>)", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _raised_by_hydra_before_the_task(e: BaseException) -> bool:
+    """Whether `e` came from Hydra's own set-up of a job (its mkdir of the run dir), not from the task."""
+    import traceback
+
+    frames = [f.filename for f in traceback.extract_tb(e.__traceback__)]
+    hydra = [i for i, name in enumerate(frames) if "/hydra/" in name]
+    repo = str(CONFIG_DIR.parent)
+    return bool(hydra) and not any(name.startswith(repo) for name in frames[hydra[-1] + 1:])
