@@ -5,7 +5,10 @@
 
 The model is rebuilt from the config stored in the checkpoint. The prompt must fit in the model's
 context (block_size); when prompt plus new tokens exceed it, generation continues on a cropped window
-as nanoGPT does (see model/generate.py). An empty prompt starts a new document (end-of-text token).
+as nanoGPT does (see model/generate.py), and says so: with the default --crop-keep (the whole window)
+every token past the context is a full forward pass of block_size tokens instead of one cached step.
+A long generation (over PROGRESS_FROM tokens, or past the context) prints its progress on stderr. An
+empty prompt starts a new document (end-of-text token).
 """
 from __future__ import annotations
 
@@ -15,6 +18,8 @@ import time
 from pathlib import Path
 
 from common import ConfigError, report_user_errors
+
+PROGRESS_FROM = 2048  # new tokens from which a generation reports its progress
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -89,11 +94,20 @@ def _sample(args, prompt: str, ckpt_path, rt) -> int:
     check_generate_args(block_size, len(ids), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.crop_keep)
     idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(args.seed)
+    past = len(ids) + args.max_new_tokens - block_size
+    if past > 0:
+        keep = args.crop_keep or block_size
+        every = "every token" if keep == block_size else f"once every {block_size - keep + 1} tokens"
+        print(f"sample: {len(ids)} prompt + {args.max_new_tokens} new tokens exceed the context of {block_size}: "
+              f"for the last {past}, the window is cropped to its last {keep} tokens and re-encoded {every} (a full "
+              f"forward pass each time; a smaller --crop-keep re-encodes less often, with less context)",
+              file=sys.stderr)
     t0 = time.perf_counter()
+    progress = _progress(args.max_new_tokens, t0) if args.max_new_tokens >= PROGRESS_FROM or past > 0 else None
     with rt.autocast():
         out = generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                        top_p=args.top_p, generator=gen, use_cache=not args.no_cache, crop_keep=args.crop_keep,
-                       vocab_size=tok.vocab_size, cache_dtype=rt.cache_dtype)
+                       vocab_size=tok.vocab_size, cache_dtype=rt.cache_dtype, stop=progress)
     if rt.device.type == "cuda":
         torch.cuda.synchronize()
     dt = time.perf_counter() - t0
@@ -107,6 +121,22 @@ def _sample(args, prompt: str, ckpt_path, rt) -> int:
           f"{rt.device}" + (f", {torch.get_num_threads()} threads" if rt.device.type == "cpu" else "")
           + f"; step {ckpt['step']} of {ckpt_path})", file=sys.stderr)
     return 0
+
+
+def _progress(total: int, t0: float):
+    """A `stop` callback of generate() that never stops: a line on stderr at every tenth of `total`
+    (it does not read the tokens, so it adds no host sync)."""
+    done = [0]
+
+    def tick(_idx) -> bool:
+        done[0] += 1
+        n = done[0]
+        if n % max(1, total // 10) == 0 and n < total:
+            rate = n / max(time.perf_counter() - t0, 1e-9)
+            print(f"sample: {n}/{total} new tokens ({rate:.1f} tokens/s per sample, {(total - n) / rate:.0f}s left)",
+                  file=sys.stderr, flush=True)
+        return False
+    return tick
 
 
 if __name__ == "__main__":

@@ -131,3 +131,17 @@ def test_unreadable_prompt_file_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--prompt-file" in err and "nonexistent.txt" in err and "No such file" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_generation_past_the_context_says_what_happens_and_shows_progress(tmp_path, capsys):
+    ckpt = save_ckpt(tmp_path / "ckpt.pt", tiny_model())
+    rc, _, err = run_sample(capsys, ckpt, "--prompt", "Hi", "--max-new-tokens", "40")
+    assert rc == 0, err
+    assert ("sample: 2 prompt + 40 new tokens exceed the context of 16: for the last 26, the window is cropped to "
+            "its last 16 tokens and re-encoded every token") in err
+    progress = [line for line in err.splitlines() if "/40 new tokens" in line]
+    assert [p.split()[1] for p in progress] == [f"{n}/40" for n in range(4, 40, 4)]  # every tenth
+    rc, _, err = run_sample(capsys, ckpt, "--prompt", "Hi", "--max-new-tokens", "40", "--crop-keep", "8")
+    assert "re-encoded once every 9 tokens" in err
+    rc, _, err = run_sample(capsys, ckpt, "--prompt", "Hi", "--max-new-tokens", "10")
+    assert rc == 0 and "exceed the context" not in err and "new tokens (" not in err  # short: no notes
