@@ -343,7 +343,39 @@ def plan_jobs(points: list[dict], args, sweep_dir: Path, sweep: str) -> list[tup
                 print(shlex.join(cmd))
     print(f"# sweep {sweep}: {len(points)} points, {counts['done']} finished, "
           f"{counts['resume']} to resume, {counts['restart']} to restart, {counts['new']} new", flush=True)
+    check_points(jobs)
     return jobs
+
+
+def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
+    """Compose and validate each unfinished point's config as train.py will, before anything runs (also
+    with --dry-run): a point that can never run is one line naming it, and nothing is started."""
+    if not jobs:
+        return
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from common import UserError
+    from trainer.config import parse_run_config
+    from trainer.config_store import composition_error_line, register_code_configs
+
+    register_code_configs()
+    bad = []
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        for p, cmd in jobs:
+            overrides = cmd[next(i for i, c in enumerate(cmd) if c.endswith("train.py")) + 1:]
+            try:
+                parse_run_config(compose("config", overrides=overrides))
+            except UserError as e:
+                bad.append((p["dir"], " ".join(str(e).split())))
+            except HydraException as e:
+                bad.append((p["dir"], composition_error_line(e)))
+    for d, msg in bad:
+        print(f"# bad point {d}: {msg}")
+    if bad:
+        print(f"error: {len(bad)} of {len(jobs)} point(s) cannot run, nothing started: {bad[0][0]}: {bad[0][1]}"
+              + (" (the others are listed above)" if len(bad) > 1 else ""), file=sys.stderr)
+        raise SystemExit(2)
 
 
 def write_slurm(jobs: list[tuple[dict, list[str]]], args, sweep_dir: Path, sweep: str, points: list[dict]) -> int:

@@ -551,3 +551,17 @@ def test_slurm_submit_without_sbatch_keeps_the_script_and_says_where(tmp_path: P
     with pytest.raises(SystemExit, match=r"no sbatch on PATH .*sweep\.sbatch"):
         sweep.main(["--experiment", "cpu_study", "--slurm", "--submit", "--runs-root", str(tmp_path), "--python", "python"])
     assert (tmp_path / "cpu_study" / "sweep.sbatch").is_file()
+
+
+@pytest.mark.parametrize("grid, bad, msg", [
+    ("norm=pre_ln,nonorm", "nonorm-s0", "unknown norm=nonorm: valid are "),
+    ("optim.lr=abc,1e-3", "base-lr-abc-s0", "bad config optim.lr='abc': must be a number"),
+])
+def test_sweep_validates_every_point_while_planning(tmp_path, capsys, grid, bad, msg):
+    for extra in (["--dry-run"], []):
+        with pytest.raises(SystemExit) as e:
+            sweep.main(["--name", "t", "--grid", grid, "--runs-root", str(tmp_path), *extra])
+        out, err = capsys.readouterr()
+        assert e.value.code == 2 and f"# bad point {bad}: {msg}" in out
+        assert err.strip().splitlines() == [err.strip()] and f"1 of 2 point(s) cannot run, nothing started: {bad}: " in err
+        assert "rerun" not in out + err and not (tmp_path / "t").exists()  # nothing started, nothing written
