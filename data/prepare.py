@@ -220,6 +220,9 @@ def _clear(out: Path) -> None:
 
 
 # -------------------------------------------------------------------------------------------- driver
+PROGRESS_LINE_S = 5.0  # seconds between progress lines when stderr is not a terminal (no bar)
+
+
 def _log(msg: str) -> None:
     print(f"[data] {msg}", file=sys.stderr, flush=True)
 
@@ -312,12 +315,16 @@ def _adopt_shards(cfg: DataConfig, tok, out: Path) -> Path:
 def _run(cfg: DataConfig, tok, out: Path, progress) -> None:
     content = cfg.content()
     state = _resume_or_start_over(out, content)
+    _log(f"preparing {cfg.name} ({cfg.source} source, tokenizer {tok.name}) into {out}: opening the corpus")
     streams = open_streams(cfg)  # errors about files/columns/splits surface here, before any work
+
     writers = {s: SplitWriter(out, s, cfg.shard_size, state["splits"].get(s) if state else None)
                for s in ("train", "val")}
     t0 = time.time()
     encoder = _Encoder(cfg)
     bar = _progress_bar(cfg, streams, out, progress)
+    _log(f"{f'{bar.total:,} documents' if bar.total else 'documents of a stream of unknown length'} to "
+         f"tokenize with {encoder.n_workers} worker process(es)")
     try:
         feeder = _Feeder(out, content, writers, encoder, bar, t0)
         for si, stream in enumerate(streams):
@@ -394,11 +401,13 @@ class _Feeder:
     def __init__(self, out: Path, content: dict, writers: dict, encoder: _Encoder, bar, t0: float):
         self.out, self.content, self.writers, self.encoder, self.bar = out, content, writers, encoder, bar
         self.t0, self.last_ckpt = t0, time.time()
+        self.last_line, self.docs = t0, 0  # without a progress bar (not a terminal), a line every PROGRESS_LINE_S
         self.pending: collections.deque = collections.deque()
 
     def feed(self, cfg: DataConfig, si: int, stream, start: int) -> None:
         """Stream number `si` from document `start` on, to its end."""
         self.bar.update(start)
+        self.docs += start
         for idx0, texts in _batched(stream, start, cfg):
             res = self.encoder.submit(_split_task(cfg, stream, idx0, texts))
             # (docs read after this batch, docs in this batch): a checkpoint resumes after the batch
@@ -412,12 +421,17 @@ class _Feeder:
             new = sum(self.writers[split].append(ids, n) for split, ids, n in self.encoder.result(res))
             now = time.time()
             self.bar.update(end[1])
+            self.docs += end[1]
             ntok = sum(w.tokens for w in self.writers.values())
             self.bar.set_postfix_str(f"{ntok / 1e6:.1f}M tok, {ntok / max(now - self.t0, 1e-9) / 1e6:.2f}M tok/s",
                                      refresh=False)
             if new or now - self.last_ckpt > CHECKPOINT_EVERY_S:
                 _save_progress(self.out, self.content, si, end[0], self.writers)
                 self.last_ckpt = now
+            if self.bar.disable and now - self.last_line > PROGRESS_LINE_S:
+                self.last_line = now
+                of = f"/{self.bar.total:,}" if self.bar.total else ""
+                _log(f"{self.docs:,}{of} documents, {ntok / 1e6:.1f}M tokens, {now - self.t0:.0f}s")
 
 
 def _split_task(cfg: DataConfig, stream, idx0: int, texts: list) -> list:

@@ -211,6 +211,20 @@ def test_a_hub_lost_part_way_keeps_what_was_prepared(tmp_path, monkeypatch):
     assert not (out / ".lock").exists()
 
 
+def test_preparation_says_what_it_is_doing_without_a_terminal(tmp_path, capsys, monkeypatch):
+    import data.prepare as P
+
+    monkeypatch.setattr(P, "PROGRESS_LINE_S", 0.0)  # a progress line at every batch
+    f = write_jsonl(tmp_path / "c.jsonl", DOCS * 3)
+    prepare_dataset(cfg(tmp_path, files=[str(f)], batch_docs=8), progress=False)
+    err = [e for e in capsys.readouterr().err.splitlines() if e.startswith("[data] ")]  # (not datasets' own bars)
+    assert err[0].startswith("[data] preparing t (local source, tokenizer bytes) into ") and "opening the corpus" in err[0]
+    assert err[1] == f"[data] {len(DOCS) * 3} documents to tokenize with 1 worker process(es)"
+    lines = [e for e in err if e.startswith("[data] ") and f"/{len(DOCS) * 3} documents, " in e]
+    assert lines and lines[-1].startswith(f"[data] {len(DOCS) * 3}/{len(DOCS) * 3} documents, ")
+    assert err[-1].startswith("[data] prepared ")
+
+
 def fail_after_shards(monkeypatch, n: int) -> None:
     """Make preparation die right after the progress checkpoint that follows its n-th finished shard."""
     import data.prepare as P
