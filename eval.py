@@ -80,6 +80,16 @@ def evaluate(args) -> int:
     ckpt_path = resolve_checkpoint(args.path)
     if cfg.out:  # before the evaluation: its result must have somewhere to go
         writable_dir(Path(cfg.out).parent, "--out")
+    if cfg.tasks:  # a task name no lm-eval task file has: say so in seconds, not after a minute's indexing
+        from evaluation.config import EvalConfigError
+        from evaluation.harness import unknown_tasks
+
+        unknown = unknown_tasks(cfg.tasks, cfg.include_path)
+        if unknown:
+            close = "; ".join(f"{t}: did you mean {', '.join(c)}?" for t, c in unknown.items() if c)
+            raise EvalConfigError(f"bad eval config tasks: unknown task(s) {', '.join(unknown)} (in no lm-eval task "
+                                  f"file{' nor under include_path' if cfg.include_path else ''})"
+                                  + (f"; {close}" if close else "") + "; `lm-eval ls tasks` lists them")
     rt = runtime.init_distributed(cfg.device, "device", cfg.dtype)
     _, before = runtime.set_cpu_threads(cfg.threads, rt.device)
     try:

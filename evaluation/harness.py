@@ -193,6 +193,28 @@ def flatten_results(results: dict) -> dict[str, dict[str, float]]:
     return flat
 
 
+def unknown_tasks(tasks, include_path=None) -> dict:
+    """{task: close names} for the tasks that no lm-eval task YAML (built in, or under include_path)
+    mentions at all: a scan of the YAML text in a second or two, where building lm-eval's registry
+    takes a minute. Conservative: a name that appears anywhere in a YAML counts as known, so only a
+    name the registry cannot have is reported."""
+    import difflib
+    import re
+    from pathlib import Path
+
+    import lm_eval.tasks
+
+    roots = [Path(lm_eval.tasks.__file__).parent] + ([Path(include_path)] if include_path else [])
+    words, names = set(), set()
+    declared = re.compile(r"^\s*(?:task|group|tag)\s*:\s*[\"']?([\w\-.]+)", re.M)
+    for root in roots:
+        for f in root.rglob("*.yaml"):
+            text = f.read_text(errors="ignore")
+            words.update(re.findall(r"[\w\-.]+", text))
+            names.update(declared.findall(text))
+    return {t: difflib.get_close_matches(t, sorted(names), n=3) for t in tasks if t not in words}
+
+
 def run_tasks(lm: NanoLM, tasks, include_path=None, limit=None, num_fewshot=None,
               bootstrap_iters: int = 1000, seed: int = 1234, echo=print) -> tuple[dict, dict]:
     """Evaluate tasks one at a time, so one whose data cannot be fetched fails alone with one line.
@@ -206,9 +228,11 @@ def run_tasks(lm: NanoLM, tasks, include_path=None, limit=None, num_fewshot=None
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
 
-    # Indexing the ~15k built-in tasks takes seconds: skip it when include_path has everything asked for.
+    # Indexing the ~15k built-in tasks takes a minute: skip it when include_path has everything asked for.
     tm = TaskManager(include_path=include_path, include_defaults=False) if include_path else None
     if tm is None or any(t not in tm.all_tasks for t in tasks):
+        if lm.rank == 0:
+            echo("tasks: building lm-eval's task registry (it indexes ~15k task files: about a minute)")
         tm = TaskManager(include_path=include_path)
     results, failures = {}, {}
     for task in tasks:

@@ -426,3 +426,17 @@ def test_eval_threads_option_and_cpu_default(tmp_path, capsys, monkeypatch):
     assert runtime.cpu_threads() == 1
     monkeypatch.setattr(runtime.os, "getloadavg", lambda: (0.1, 0.0, 0.0))
     assert runtime.cpu_threads() == 2
+
+
+def test_an_unknown_task_is_one_line_in_seconds_before_the_model_loads(tmp_path, capsys, monkeypatch):
+    import runtime.checkpoint as C
+
+    ckpt = save_ckpt(tmp_path / "c.pt", tiny_model())
+    monkeypatch.setattr(C, "load_model", lambda *a, **k: pytest.fail("loaded the model before checking --tasks"))
+    rc, _, err = run_eval(capsys, ckpt, "--tasks", "helaswag,arc_easy", "--split", "null")
+    assert rc == 2 and len(err.strip().splitlines()) == 1
+    assert ("unknown task(s) helaswag (in no lm-eval task file); helaswag: did you mean hellaswag" in err
+            and "lm-eval ls tasks" in err)
+    write_task(tmp_path)  # a task of one's own under --include-path counts as known
+    from evaluation.harness import unknown_tasks
+    assert unknown_tasks(["toy_mc", "arc_easy"], include_path=tmp_path) == {}
