@@ -11,7 +11,7 @@ import hydra
 from omegaconf import DictConfig
 
 from common import report_user_errors
-from runtime.distributed import env_rank, hydra_argv_for_rank
+from runtime.launch import env_rank, hydra_argv_for_rank
 
 
 def main(cfg: DictConfig) -> dict:

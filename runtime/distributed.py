@@ -13,6 +13,8 @@ import torch.distributed as dist
 
 from common import ConfigError
 
+from .launch import env_rank  # noqa: F401  (the rank before a process group exists)
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -44,10 +46,6 @@ class Runtime:
         """The KV cache's dtype when sampling: the autocast dtype, or None (the model's) in fp32."""
         return None if self.precision == "fp32" else self.ptdtype
 
-
-def env_rank() -> int:
-    """This process's global rank as torchrun/SLURM set it, before any process group exists."""
-    return int(os.environ.get("RANK", "0"))
 
 
 # Collectives of the training loop: a rank stuck for longer is a hang, and NCCL's watchdog ends the job.
@@ -227,14 +225,3 @@ def broadcast_object(obj, src: int = 0):
     box = [obj]
     dist.broadcast_object_list(box, src=src)
     return box[0]
-
-
-def hydra_argv_for_rank(argv: list[str], rank: int) -> list[str]:
-    """Only rank 0 writes Hydra's files (.hydra/, train.log) in the shared run dir.
-
-    The run dir itself comes from `out_dir` (no timestamps), so every rank resolves the same path.
-    """
-    if rank == 0:
-        return argv
-    extra = ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
-    return argv + [a for a in extra if a.split("=")[0] not in {x.split("=")[0] for x in argv}]
