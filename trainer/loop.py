@@ -14,19 +14,18 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from common import perplexity
 from common.provenance import code_commit
-from data.files import atomic_write
 
 from runtime import checkpoint, distributed
 
 from . import faults, resume
 from .config import ConfigError, RunConfig, grad_accum_steps, parse_run_config
-from .monitor import IntervalTimer, Spikes, block_grad_norms, mfu, peak_flops, read_host
-from .optim import LRSchedule, attach_lr, build_optimizer, for_variant, set_lr
-from .sinks import ConsoleSink, JsonlSink, Sink, WandbSink, truncate_jsonl
+from .monitor import IntervalTimer, Spikes, block_grad_norms, mfu, peak_flops, read_host, stats_values
+from .optim import LRSchedule, build_optimizer, for_variant, set_lr
+from .sinks import Sink, open_run_sinks
 
 log = logging.getLogger("nanonorm.train")
 
@@ -186,66 +185,16 @@ class Trainer:
         return Path(decision[1]) if decision[1] else None
 
     def _load(self, path: Path) -> bool:
-        """Continue from checkpoint `path`. Returns whether the config differs from the checkpoint's."""
-        ckpt = checkpoint.load_checkpoint(path)
-        resume.check_compatible(path, ckpt, self.mcfg.to_dict(), self.tokenizer_name)
-        config_changed = resume.check_config_changes(path, OmegaConf.to_container(self.cfg, resolve=True),
-                                                     ckpt.get("config") or {}, self.train_cfg.resume_force)
-        try:
-            self.model.load_state_dict(checkpoint.strip_prefixes(ckpt["model"]))
-            self.opt.load_state_dict(ckpt["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as e:
-            raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this model/optimizer: {str(e).splitlines()[0]}") from None
-        attach_lr(self.opt)
-        s = ckpt["scheduler"]
-        self.updates.fill_(s["updates"])
-        self.skipped.fill_(s["skipped_total"])
-        self.consec.fill_(s["consecutive_skipped"])
-        if self.scaler is not None and s.get("scaler"):
-            self.scaler.load_state_dict(s["scaler"])
-        m = ckpt.get("monitor") or {}
-        if m:
-            self.spikes.load_state_dict(m)
-            self.best_val, self.last_val = m["best_val_loss"], m["last_val"]
-        self.loader.load_state_dict(ckpt["loader"])
-        rng = ckpt["rng"]
-        if rng.get("world_size") == self.dist.world_size:
-            checkpoint.set_rng_state(rng["per_rank"][self.dist.rank])
-        else:  # a different world size cannot continue every rank's streams: derive fresh ones
-            log.warning(f"resuming {path} with world size {self.dist.world_size} (saved with {rng.get('world_size')}): "
-                        f"RNG streams re-derived; data order is unchanged")
-            checkpoint.seed_all(checkpoint.rank_seed(self.train_cfg.seed + ckpt["step"], self.dist.rank))
-        self.step = int(ckpt["step"])
-        self.wandb_run_id = ckpt.get("wandb_run_id")
-        self.train_s_before = float(ckpt.get("train_s") or 0.0)  # absent in older checkpoints
-        return config_changed
+        """Continue from checkpoint `path` (trainer/resume.py). Returns whether the config differs from its."""
+        return resume.restore(self, path)
 
     def _open_sinks(self, resume_path: Optional[Path], config_changed: bool) -> None:
-        if not self.dist.is_main:
-            return
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        resolved = OmegaConf.to_container(self.cfg, resolve=True)
-        text = OmegaConf.to_yaml(OmegaConf.create(resolved))
-        cfg_path = self.run_dir / "config.yaml"
-        if config_changed and cfg_path.is_file():
-            # The config the steps so far ran with stays beside the new one.
-            kept = self.run_dir / f"config_until_{self.step:08d}.yaml"
-            if not kept.exists():
-                cfg_path.replace(kept)
-                log.warning(f"config changed on resume: the previous config.yaml is kept as {kept}")
-        atomic_write(cfg_path, text)
-        metrics = self.run_dir / "metrics.jsonl"
-        if resume_path is not None:
-            truncate_jsonl(metrics, self.step)
-        self.sinks, w, wandb = [JsonlSink(metrics)], self.log_cfg.wandb, None
-        if w.mode != "disabled":
-            wandb = WandbSink(w, str(self.cfg.run_name), self.run_dir, resolved, self.wandb_run_id)
-            self.wandb_run_id = wandb.run_id
-            self.sinks.append(wandb)
-        if self.log_cfg.console:
-            self.sinks.append(ConsoleSink(self.run_dir, self.train_cfg.max_steps, self.train_cfg.batch_tokens,
-                                          self.step, resume_path is not None, wandb))
-        self.sinks.extend(self.extra_sinks)
+        """Rank 0: the run dir's config.yaml and the record sinks (trainer/sinks.py)."""
+        if self.dist.is_main:
+            self.sinks, self.wandb_run_id = open_run_sinks(
+                self.run_dir, self.cfg, self.log_cfg, self.train_cfg, self.step, resume_path is not None,
+                config_changed, self.wandb_run_id)
+            self.sinks.extend(self.extra_sinks)
 
     def emit(self, record: dict) -> None:
         for s in self.sinks:
@@ -452,41 +401,16 @@ class Trainer:
         effective angle, relative update, ||F||/||h|| and ||dL/dh|| per sublayer, from an extra eval-mode
         forward and backward of the step's last micro-batch, rank 0's view), per-block grad norms and
         per-group ||dW||/||W|| of step s, and the sphere family's norm_stats()."""
-        if not self.dist.is_main:
-            return
-        from model.geometry import stream_geometry
-
-        m = self.model  # eager, unwrapped: return_hidden must not trigger recompiles
-        m.eval()
-        m.set_stats_tracking(True)
-        with self.autocast():
-            geometry = stream_geometry(m, inputs.x, inputs.y)
-        stats = {**geometry, **inputs.block_grad_norms, **inputs.update_ratios, **m.norm_stats()}
-        m.set_stats_tracking(False)
-        m.train()
-        keys = list(stats)
-        vals = torch.stack([stats[k].detach().float().reshape(()) for k in keys]).tolist()
-        self.emit({"kind": "stats", "step": s, "tokens": s * self.train_cfg.batch_tokens, **dict(zip(keys, vals))})
+        if self.dist.is_main:  # the eager, unwrapped model: return_hidden must not trigger recompiles
+            values = stats_values(self.model, inputs.x, inputs.y, self.autocast,
+                                  {**inputs.block_grad_norms, **inputs.update_ratios})
+            self.emit({"kind": "stats", "step": s, "tokens": s * self.train_cfg.batch_tokens, **values})
 
     def save(self) -> Optional[Path]:
         rng = distributed.gather_objects(checkpoint.rng_state())  # every rank's streams, for an exact resume
         path = None
         if self.dist.is_main:
-            state = {
-                "model": self.model.state_dict(), "model_config": self.mcfg.to_dict(),
-                "tokenizer": self.tokenizer_name, "data_dir": str(self.data_dir),
-                "optimizer": self.opt.state_dict(),
-                "scheduler": {"updates": self.updates.item(),
-                              "skipped_total": int(self.skipped.item()), "consecutive_skipped": int(self.consec.item()),
-                              "scaler": self.scaler.state_dict() if self.scaler else None},
-                "monitor": {**self.spikes.state_dict(), "best_val_loss": self.best_val, "last_val": self.last_val},
-                "rng": {"world_size": self.dist.world_size, "per_rank": rng},
-                "loader": self.loader.state_dict(),
-                "config": OmegaConf.to_container(self.cfg, resolve=True),
-                "wandb_run_id": self.wandb_run_id,
-                "train_s": self._train_s(),  # all segments up to this checkpoint (the summary's train_s)
-            }
-            path = checkpoint.save_checkpoint(state, self.run_dir, self.step, self.train_cfg.keep_last)
+            path = checkpoint.save_checkpoint(resume.state(self, rng), self.run_dir, self.step, self.train_cfg.keep_last)
             if self.log_cfg.console:
                 log.info(f"saved {path}")
         distributed.barrier()

@@ -177,3 +177,22 @@ def block_grad_norms(blocks: list) -> dict:
         if grads:
             out[f"grad_norm/block{i}"] = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
     return out
+
+
+@torch.no_grad()
+def stats_values(model, x: torch.Tensor, y: torch.Tensor, autocast, extra: dict) -> dict:
+    """A stats record's values: the stream's geometry (model/geometry.py: residual RMS, effective angle,
+    relative update, ||F||/||h|| and ||dL/dh|| per sublayer, from an extra eval-mode forward and
+    backward of (x, y)), the sphere family's norm_stats(), and `extra` (per-block grad norms, per-group
+    ||dW||/||W||), read to the host in one go."""
+    from model.geometry import stream_geometry
+
+    model.eval()
+    model.set_stats_tracking(True)
+    with autocast():
+        geometry = stream_geometry(model, x, y)
+    stats = {**geometry, **extra, **model.norm_stats()}
+    model.set_stats_tracking(False)
+    model.train()
+    keys = list(stats)
+    return dict(zip(keys, torch.stack([stats[k].detach().float().reshape(()) for k in keys]).tolist()))

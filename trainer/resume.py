@@ -232,3 +232,69 @@ class StopSignal:
         for sig, prev in self._previous.items():
             signal.signal(sig, prev)
         self._previous.clear()
+
+
+# --- what a checkpoint holds of a run, and continuing from one -------------------------------------
+
+def state(tr, rng_per_rank: list) -> dict:
+    """The checkpoint of trainer `tr` (rank 0): model, optimizer, schedule counters, monitors, every
+    rank's RNG streams (`rng_per_rank`), the data position, the config, and the training time so far."""
+    from omegaconf import OmegaConf
+
+    return {
+        "model": tr.model.state_dict(), "model_config": tr.mcfg.to_dict(),
+        "tokenizer": tr.tokenizer_name, "data_dir": str(tr.data_dir),
+        "optimizer": tr.opt.state_dict(),
+        "scheduler": {"updates": tr.updates.item(),
+                      "skipped_total": int(tr.skipped.item()), "consecutive_skipped": int(tr.consec.item()),
+                      "scaler": tr.scaler.state_dict() if tr.scaler else None},
+        "monitor": {**tr.spikes.state_dict(), "best_val_loss": tr.best_val, "last_val": tr.last_val},
+        "rng": {"world_size": tr.dist.world_size, "per_rank": rng_per_rank},
+        "loader": tr.loader.state_dict(),
+        "config": OmegaConf.to_container(tr.cfg, resolve=True),
+        "wandb_run_id": tr.wandb_run_id,
+        "train_s": tr._train_s(),  # all segments up to this checkpoint (the summary's train_s)
+    }
+
+
+def restore(tr, path: Path) -> bool:
+    """Continue trainer `tr` from checkpoint `path`: check that it is the same model, warn about (or
+    refuse) config changes, load every part of `state`. Returns whether the config changed."""
+    from omegaconf import OmegaConf
+
+    from runtime import checkpoint
+
+    from .optim import attach_lr
+
+    ckpt = checkpoint.load_checkpoint(path)
+    check_compatible(path, ckpt, tr.mcfg.to_dict(), tr.tokenizer_name)
+    config_changed = check_config_changes(path, OmegaConf.to_container(tr.cfg, resolve=True),
+                                          ckpt.get("config") or {}, tr.train_cfg.resume_force)
+    try:
+        tr.model.load_state_dict(checkpoint.strip_prefixes(ckpt["model"]))
+        tr.opt.load_state_dict(ckpt["optimizer"])
+    except (RuntimeError, ValueError, KeyError) as e:
+        raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this model/optimizer: {str(e).splitlines()[0]}") from None
+    attach_lr(tr.opt)
+    s = ckpt["scheduler"]
+    tr.updates.fill_(s["updates"])
+    tr.skipped.fill_(s["skipped_total"])
+    tr.consec.fill_(s["consecutive_skipped"])
+    if tr.scaler is not None and s.get("scaler"):
+        tr.scaler.load_state_dict(s["scaler"])
+    m = ckpt.get("monitor") or {}
+    if m:
+        tr.spikes.load_state_dict(m)
+        tr.best_val, tr.last_val = m["best_val_loss"], m["last_val"]
+    tr.loader.load_state_dict(ckpt["loader"])
+    rng = ckpt["rng"]
+    if rng.get("world_size") == tr.dist.world_size:
+        checkpoint.set_rng_state(rng["per_rank"][tr.dist.rank])
+    else:  # a different world size cannot continue every rank's streams: derive fresh ones
+        log.warning(f"resuming {path} with world size {tr.dist.world_size} (saved with {rng.get('world_size')}): "
+                    f"RNG streams re-derived; data order is unchanged")
+        checkpoint.seed_all(checkpoint.rank_seed(tr.train_cfg.seed + ckpt["step"], tr.dist.rank))
+    tr.step = int(ckpt["step"])
+    tr.wandb_run_id = ckpt.get("wandb_run_id")
+    tr.train_s_before = float(ckpt.get("train_s") or 0.0)  # absent in older checkpoints
+    return config_changed

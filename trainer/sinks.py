@@ -159,3 +159,32 @@ class ConsoleSink(Sink):
             f"next: python eval.py {rd} | python sample.py {rd} --prompt \"...\" | "
             f"python scripts/plot_curves.py {rd} --out {rd / 'curves'}",
         ]
+
+
+def open_run_sinks(run_dir: Path, cfg, log_cfg, train_cfg, step: int, resumed: bool, config_changed: bool,
+                   wandb_run_id: Optional[str]) -> tuple[list, Optional[str]]:
+    """Rank 0 at the start of a run: config.yaml (a changed config on resume keeps the old one beside it
+    as config_until_<step>.yaml), metrics.jsonl cut back to `step` on resume, and the sinks: metrics.jsonl,
+    wandb unless disabled, the console if `logging.console`. Returns (sinks, wandb run id)."""
+    from omegaconf import OmegaConf
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    cfg_path = run_dir / "config.yaml"
+    if config_changed and cfg_path.is_file():  # the config the steps so far ran with stays beside the new one
+        kept = run_dir / f"config_until_{step:08d}.yaml"
+        if not kept.exists():
+            cfg_path.replace(kept)
+            log.warning(f"config changed on resume: the previous config.yaml is kept as {kept}")
+    atomic_write(cfg_path, OmegaConf.to_yaml(OmegaConf.create(resolved)))
+    metrics = run_dir / "metrics.jsonl"
+    if resumed:
+        truncate_jsonl(metrics, step)
+    sinks, wandb = [JsonlSink(metrics)], None
+    if log_cfg.wandb.mode != "disabled":
+        wandb = WandbSink(log_cfg.wandb, str(cfg.run_name), run_dir, resolved, wandb_run_id)
+        wandb_run_id = wandb.run_id
+        sinks.append(wandb)
+    if log_cfg.console:
+        sinks.append(ConsoleSink(run_dir, train_cfg.max_steps, train_cfg.batch_tokens, step, resumed, wandb))
+    return sinks, wandb_run_id
