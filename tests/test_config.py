@@ -9,6 +9,7 @@ import pytest
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
+from omegaconf import OmegaConf
 
 from common import ConfigError
 from common.config import build, defaults, field_docs
@@ -116,18 +117,39 @@ def _leaves(d, prefix=""):
 
 def test_yaml_files_hold_only_what_differs_from_the_defaults():
     """A key whose YAML value equals its dataclass default would be a second place that default lives."""
+    from dataclasses import asdict
+
     schema = group_defaults()
     flat = {g: dict(_leaves(d)) for g, d in schema.items()}
     for group in ("model", "norm", "data", "train", "optim", "logging"):
         for path in sorted((CONFIGS / group).glob("*.yaml")):
             content = yaml.safe_load(path.read_text()) or {}
+            own = flat[group]
+            if group == "norm":  # a variant's file states what differs from that variant's own defaults
+                own = asdict(VARIANTS[content["name"]].Options(name=content["name"]))
             for key, value in _leaves({k: v for k, v in content.items() if k != "defaults"}):
                 assert key in flat[group], f"{path.name}: {group}.{key} is not a key"
-                assert key == "name" or value != flat[group][key], f"{path.name}: {group}.{key} restates its default"
+                assert key == "name" or value != own[key], f"{path.name}: {group}.{key} restates its default"
     for path in sorted((CONFIGS / "arch").glob("*.yaml")):  # presets: model.* axes and norm.kind
         for key, value in _leaves(yaml.safe_load(path.read_text())):
             group, _, sub = key.partition(".")
             assert sub == "arch" or value != flat[group][sub], f"arch/{path.name}: {key} restates its default"
+
+
+def test_experiment_files_hold_only_what_differs_from_what_they_compose():
+    """An experiment picks group files in its `defaults` list and then sets keys: a key set to the value
+    those groups already give it is a second place that value lives (it would not follow a change)."""
+    for path in sorted((CONFIGS / "experiment").glob("*.yaml")):
+        content = yaml.safe_load(path.read_text()) or {}
+        picks = [f"{k.split('/')[-1]}={v}" for d in content.get("defaults", []) if isinstance(d, dict)
+                 for k, v in d.items() if k.startswith("override /")]
+        base = dict(_leaves(OmegaConf.to_container(composed(*picks), resolve=False)))
+        for key, value in _leaves({k: v for k, v in content.items() if k not in ("defaults", "experiment_meta")}):
+            if isinstance(value, (list, tuple)) and isinstance(base.get(key), (list, tuple)):
+                value, other = list(value), list(base[key])
+            else:
+                other = base.get(key, object())
+            assert value != other, f"experiment/{path.name}: {key}={value!r} restates what its groups give"
 
 
 def test_every_config_field_has_a_one_line_doc():
