@@ -155,23 +155,28 @@ def chaos_lines(root: Path, rows: dict[str, dict]) -> list[str]:
     return lines
 
 
-def trend_lines(root: Path, rows_a: dict[str, dict], n_params: dict) -> tuple[list[str], dict]:
+def trend_lines(root: Path, rows_a: dict[str, dict], n_params: dict, grid: dict) -> tuple[list[str], dict]:
+    """The trend table: the base shape (part (a)'s runs) and each shape of `grid` (study.shapes)."""
     runs = [r for r in runlib.load_sweep(root / "step_scale_c") if r.finished]
     if not runs:
         return ["(not run yet)"], {}
     rows_c = cell_rows(runs)
-    shapes = {"w128": ({"n_embd": 128, "n_layer": 4}, "")}
-    shapes.update({s: (None, s + "-") for s in study.SHAPES})
+    base = next(iter(n_params))
+    shapes = {base: (None, ""), **{s: (None, s + "-") for s in grid}}
     sphere = next((c.split("-", 1)[1] for c in rows_c if not c.split("-", 1)[1].startswith("pre_ln")), None)
     lines = ["| shape | params | pre_ln: best lr, mean ± std [CI] | " + f"{sphere}: best lr, mean ± std [CI] | "
              "gap (sphere - pre_ln) [95% CI] | Welch |", "|---|---|---|---|---|---|"]
     fit: dict = {}
     for shape, (_, prefix) in shapes.items():
-        pre = rows_a.get("pre_ln") if shape == "w128" else rows_c.get(prefix + "pre_ln")
-        sph = rows_a.get(sphere) if shape == "w128" else rows_c.get(prefix + sphere)
+        pre = rows_a.get("pre_ln") if shape == base else rows_c.get(prefix + "pre_ln")
+        sph = rows_a.get(sphere) if shape == base else rows_c.get(prefix + sphere)
         if not pre or not sph or sphere is None:
             continue
         params = n_params.get(shape)
+        if min(len(pre["losses"]), len(sph["losses"])) < len(study.SEEDS.split(",")):  # still running
+            done = sum(1 for r in runs if r.base.startswith(prefix))
+            lines.append(f"| {shape} | {f'{params:,}' if params else '—'} | (running: {done} runs finished) | | | |")
+            continue
         d, lo, hi = diff_ci(sph["losses"], pre["losses"])
         p = welch_p(sph["losses"], pre["losses"])
         edge = " (edge)" if pre["edge"] or sph["edge"] else ""
@@ -183,24 +188,35 @@ def trend_lines(root: Path, rows_a: dict[str, dict], n_params: dict) -> tuple[li
     return lines, {"sphere": sphere, "points": fit}
 
 
+def _axes(n_params: dict) -> tuple[list[str], list[str]]:
+    """(width points, depth points) in order, the base shape in both."""
+    base, *rest = list(n_params)
+    w = sorted([base] + [s for s in rest if s.startswith("w")], key=lambda s: int(s[1:]) if s != base else 0)
+    widths = [w[1], base, w[2]] if len(w) == 3 else w
+    return widths, [base] + sorted((s for s in rest if s.startswith("d")), key=lambda s: int(s[1:]))
+
+
 def _width_fit(fit: dict, n_params: dict) -> list[str]:
     """Loss against parameters over the width points, per variant, with a bootstrap CI of the exponent."""
-    widths = [s for s in ("w64", "w128", "w256") if s in fit.get("points", {}) and s in n_params]
+    all_widths = _axes(n_params)[0]
+    widths = [s for s in all_widths if s in fit.get("points", {})]
     if len(widths) < 3:
-        return ["(the width fit needs w64, w128 and w256 finished)"]
-    out = ["| variant | exponent b of loss = a N^-b (widths 64/128/256) | 95% bootstrap CI |", "|---|---|---|"]
+        return [f"(the width fit needs {', '.join(all_widths)} finished)"]
+    out = [f"| variant | exponent b of loss = a N^-b (widths {', '.join(widths)}) | 95% bootstrap CI |", "|---|---|---|"]
     for i, name in enumerate(("pre_ln", fit["sphere"])):
         b, lo, hi = bootstrap_slope([n_params[w] for w in widths], [fit["points"][w][i]["losses"] for w in widths])
         out.append(f"| {name} | {b:.4f} | [{lo:.4f}, {hi:.4f}] |")
     return out
 
 
-def _params(cfg_overrides: dict) -> int:
-    from model import GPT, GPTConfig
+def _params(model: dict, overrides: dict) -> int:
+    """Non-embedding parameters of Pre-LN at the base experiment's model group with `overrides`."""
+    from model import GPTConfig
+    from model.gpt import GPT
 
-    base = dict(vocab_size=257, block_size=256, n_layer=4, n_head=4, n_embd=128, norm="pre_ln")
-    base.update(cfg_overrides)
-    return GPT(GPTConfig(**base)).num_params()
+    cfg = GPTConfig.from_hydra({k: v for k, v in {**model, **overrides}.items() if k != "tokenizer_vocab"},
+                               {"name": "pre_ln"}, vocab_size=model["tokenizer_vocab"])
+    return GPT(cfg).num_params()
 
 
 def figures(out: Path, rows: dict[str, dict], order: list[str]) -> None:
@@ -249,8 +265,9 @@ def trend_figure(out: Path, fit: dict, n_params: dict) -> None:
     from plot_curves import VARIANT_COLORS
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-    for ax, shapes, xlabel in ((axes[0], ("w64", "w128", "w256"), "non-embedding parameters (width 64/128/256)"),
-                               (axes[1], ("w128", "d8", "d16"), "non-embedding parameters (depth 4/8/16)")):
+    widths, depths = _axes(n_params)
+    for ax, shapes, xlabel in ((axes[0], widths, f"non-embedding parameters (widths {', '.join(widths)})"),
+                               (axes[1], depths, f"non-embedding parameters (depths {', '.join(depths)})")):
         for i, name in enumerate(("pre_ln", fit["sphere"])):
             pts = [(n_params[s], fit["points"][s][i]["summary"]) for s in shapes if s in fit["points"]]
             if not pts:
@@ -270,7 +287,7 @@ def trend_figure(out: Path, fit: dict, n_params: dict) -> None:
     plt.close(fig)
 
 
-def report(root: Path, docs: Path) -> None:
+def report(root: Path, docs: Path, base_experiment: str = "fidelity") -> None:
     out = docs / "step_scale"
     out.mkdir(parents=True, exist_ok=True)
     runs_a = [r for r in runlib.load_sweep(root / "step_scale_a") if r.finished]
@@ -282,9 +299,10 @@ def report(root: Path, docs: Path) -> None:
     atomic_write(out / "a_best.json", json.dumps(best, indent=1) + "\n")  # part (c) starts from these
     order = list(study.CELLS)
     times = json.loads((root / study.TIMES).read_text()) if (root / study.TIMES).is_file() else {}
-    n_params = {"w128": _params({})}
-    for s, m in study.SHAPES.items():
-        n_params[s] = _params({k.split(".", 1)[1]: v for k, v in m.items()})
+    model, grid = study.base_model(base_experiment), study.shapes(base_experiment)
+    n_params = {f"w{model['n_embd']}": _params(model, {})}  # the base shape first: part (a)'s runs
+    for s, m in grid.items():
+        n_params[s] = _params(model, {k.split(".", 1)[1]: v for k, v in m.items()})
     lines = ["# Step-scale study: tables", "",
              "Generated by `python scripts/step_scale_study.py report`; read with docs/step_scale_study.md.",
              f"Runs finished: (a) {len(runs_a)}. Tokens per run: {_tokens(runs_a):,}. Seeds 0, 1, 2 at every lr. "
@@ -302,9 +320,9 @@ def report(root: Path, docs: Path) -> None:
              "## (b) Chaos control", "", "Seed 0 at the best lr rerun with train.threads=2: only the floating-point "
              "order of the CPU kernels differs. A difference above a quarter of the seed std reads as chaotic.", "",
              *chaos_lines(root, rows), ""]
-    trend, fit = trend_lines(root, rows, n_params)
+    trend, fit = trend_lines(root, rows, n_params, grid)
     lines += ["## (c) Trend with size", "", "Pre-LN and the best sphere cell of (a), each at its own best lr, "
-              "3 seeds; w128 is part (a)'s setting. Gap = sphere minus Pre-LN (positive: the sphere cell trails), "
+              f"3 seeds; {next(iter(n_params))} is part (a)'s setting. Gap = sphere minus Pre-LN (positive: the sphere cell trails), "
               "with its Welch-Satterthwaite 95% interval.", "", *trend, "", *_width_fit(fit, n_params), ""]
     atomic_write(out / "tables.md", "\n".join(lines) + "\n")
     if rows:

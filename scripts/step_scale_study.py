@@ -65,9 +65,30 @@ CELLS = {
     "geonorm-normin": ({"norm": "geonorm", "norm.sublayer_input": "norm"}, 3e-3),    # Norm(h) into F
 }
 SPHERE_CELLS = [c for c in CELLS if not c.startswith("pre_ln")]
-# (c): shape label -> model overrides (heads keep head_dim 32)
-SHAPES = {"w64": {"model.n_embd": 64, "model.n_head": 2}, "d8": {"model.n_layer": 8},
-          "w256": {"model.n_embd": 256, "model.n_head": 8}, "d16": {"model.n_layer": 16}}   # cheapest first
+def base_model(experiment: str) -> dict:
+    """The base experiment's composed `model` group (its shape) and its tokenizer's vocabulary size."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from data import get_tokenizer
+    from trainer.config_store import register_code_configs
+
+    register_code_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        cfg = compose("config", overrides=[f"experiment={experiment}"])
+    return {**OmegaConf.to_container(cfg.model, resolve=True), "tokenizer_vocab": get_tokenizer(cfg.data.tokenizer).vocab_size}
+
+
+def shapes(experiment: str = "fidelity") -> dict:
+    """(c): shape label -> model overrides, relative to the base experiment's model: width x1/2 and x2
+    (depth kept; heads keep the head size), depth x2 and x4 (width kept), cheapest first. On the
+    fidelity setting (4 x 128): w64, d8, w256, d16."""
+    m = base_model(experiment)
+    d, n, hd = m["n_embd"], m["n_layer"], m["n_embd"] // m["n_head"]
+    return {f"w{d // 2}": {"model.n_embd": d // 2, "model.n_head": max(1, d // 2 // hd)},
+            f"d{2 * n}": {"model.n_layer": 2 * n},
+            f"w{2 * d}": {"model.n_embd": 2 * d, "model.n_head": 2 * d // hd},
+            f"d{4 * n}": {"model.n_layer": 4 * n}}
 PARTS = ["grid", "edge", "chaos", "trend"]
 
 
@@ -178,7 +199,7 @@ def trend_cells(args, shapes: list[str]) -> dict:
     cells = {}
     for shape in shapes:
         for c in ("pre_ln", top):
-            cells[f"{shape}-{c}"] = ({**CELLS[c][0], **SHAPES[shape]}, best[c][0])
+            cells[f"{shape}-{c}"] = ({**CELLS[c][0], **args.shape_grid[shape]}, best[c][0])
     return cells
 
 
@@ -223,7 +244,8 @@ def main(argv=None) -> int:
     ap.add_argument("--docs", type=Path, default=Path("docs"), help="where report writes docs/step_scale/*")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
     ap.add_argument("--cells", help=f"comma list of cells (default all: {', '.join(CELLS)})")
-    ap.add_argument("--shapes", help=f"trend parts: comma list of shapes (default all, in order: {', '.join(SHAPES)})")
+    ap.add_argument("--shapes", help="trend: comma list of shapes (default all, cheapest first: on the fidelity "
+                    "setting w64, d8, w256, d16; width x1/2 and x2, depth x2 and x4 of the base experiment's model)")
     ap.add_argument("--base-experiment", default="fidelity", help="the experiment file every run starts from")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # Hydra overrides for every run follow `--`
@@ -233,10 +255,11 @@ def main(argv=None) -> int:
     unknown = [c for c in args.cells if c not in CELLS]
     if unknown:
         raise SystemExit(f"unknown --cells {', '.join(unknown)}: valid are {', '.join(CELLS)}")
-    args.shapes = args.shapes.split(",") if args.shapes else list(SHAPES)
-    unknown = [s for s in args.shapes if s not in SHAPES]
+    args.shape_grid = shapes(args.base_experiment)
+    args.shapes = args.shapes.split(",") if args.shapes else list(args.shape_grid)
+    unknown = [s for s in args.shapes if s not in args.shape_grid]
     if unknown:
-        raise SystemExit(f"unknown --shapes {', '.join(unknown)}: valid are {', '.join(SHAPES)}")
+        raise SystemExit(f"unknown --shapes {', '.join(unknown)}: valid are {', '.join(args.shape_grid)}")
     if args.action == "run" and args.part not in PARTS:
         raise SystemExit(f"run needs a part: one of {', '.join(PARTS)}")
     parts = PARTS if args.action == "all" else [args.part] if args.action == "run" else []
@@ -250,7 +273,7 @@ def main(argv=None) -> int:
         print(f"### part {part}: {time.time() - t0:.0f} s wall", flush=True)
     if args.action in ("all", "report"):
         import step_scale_report
-        step_scale_report.report(args.runs_root, args.docs)
+        step_scale_report.report(args.runs_root, args.docs, args.base_experiment)
     return 0
 
 
