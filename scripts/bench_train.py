@@ -37,7 +37,7 @@ def bare_loop(tr: Trainer, steps: int) -> float:
     sync(dev)
     t0 = time.perf_counter()
     for step in range(steps):
-        opt.lr_tensor.fill_(sched(float(step)))
+        opt.set_lr(torch.tensor(sched(float(step))))
         for micro in range(tr.accum):
             x, y = tr.loader.get_batch(step, micro)
             if dev.type == "cuda":

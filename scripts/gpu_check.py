@@ -97,16 +97,15 @@ def check_fused_skip(ctx, args):
     params = [p for p in model.parameters() if p.requires_grad]
     x = torch.randint(0, 256, (4, 33), device=ctx.device)
 
-    def step(nan: bool):  # the training loop's skip, as in trainer/loop.py: found_inf from the grad norm
+    def step(nan: bool):  # the training loop's skip, as in trainer/loop.py: `bad` from the grad norm
         with ctx.autocast():
             _, loss = model(x[:, :-1], x[:, 1:])
         (loss * (float("nan") if nan else 1.0)).backward()
         gn = torch.nn.utils.get_total_norm([p.grad for p in params], foreach=True)
-        opt.found_inf = (~torch.isfinite(gn)).float()
-        opt.step()
+        opt.step(~torch.isfinite(gn))  # fused: found_inf on the device
         opt.zero_grad(set_to_none=True)
 
-    if not opt.is_fused:
+    if not opt.fused:
         yield "fused_adamw_skip", "FAIL", "AdamW is not fused on this device", time.time() - t0
         return
     step(False)

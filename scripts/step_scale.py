@@ -71,7 +71,7 @@ def measure(overrides: list[str], lr: float | None, random_batch: bool) -> dict:
     from model.geometry import stream_geometry
     from trainer.config import parse_run_config
     from runtime.checkpoint import seed_all
-    from trainer.optim import build_optimizer, for_variant, set_lr
+    from trainer.optim import build_optimizer, for_variant
 
     cfg = compose(overrides)
     rc = parse_run_config(cfg)
@@ -83,10 +83,7 @@ def measure(overrides: list[str], lr: float | None, random_batch: bool) -> dict:
     ocfg = for_variant(rc.optim, model.variant)
     opt = build_optimizer(model, ocfg, torch.device("cpu"))
     peak = ocfg.lr if lr is None else lr
-    set_lr(opt, torch.tensor(peak))
-    if not getattr(opt, "is_fused", True):  # the for-loop AdamW takes float lrs
-        for g in opt.param_groups:
-            g["lr"] = peak * g["lr_mult"]
+    opt.set_lr(torch.tensor(peak))
     model.eval()  # no dropout: the change is the step's alone
     geo = {k: v.item() for k, v in stream_geometry(model, x, y).items()}
     n = 2 * mcfg.n_layer

@@ -1,5 +1,5 @@
-"""Extending nanonorm: a new variant, a variant's option, an LR schedule or a data source is its code
-plus its test.
+"""Extending nanonorm: a new variant, a variant's option, an optimizer, an LR schedule or a data source
+is its code plus its test.
 
 Each test defines the component here, as a user would in their own module, and uses it by name
 through the same config path as the built-in ones (no YAML, no edits elsewhere).
@@ -77,6 +77,30 @@ def test_new_lr_schedule_is_one_class(tmp_path):
         unregister(SCHEDULES, "step_half")
     with pytest.raises(ConfigError, match=r"unknown optim.schedule='step_half': valid are cosine, wsd, constant"):
         train(make_cfg(tmp_path / "bad", "optim.schedule=step_half"))
+
+
+def test_new_optimizer_is_one_function(tmp_path):
+    import torch
+
+    from trainer.optim import OPTIMIZERS, Optimizer, group_settings
+
+    @OPTIMIZERS.register("sgd")
+    def sgd(model, ocfg, device):
+        """Plain SGD over the model's parameter groups, each with its lr multiplier (no fused kernel)."""
+        settings = group_settings(ocfg)
+        groups = [{"params": [p for _, p in named], "group": g, "lr_mult": settings[g][0], "lr": ocfg.lr}
+                  for g, named in model.parameter_groups().items() if named]
+        inner = torch.optim.SGD(groups, lr=ocfg.lr)
+        return Optimizer(inner, torch.tensor(ocfg.lr), [torch.tensor(ocfg.lr) for _ in groups], settings, fused=False)
+    try:
+        r = train(make_cfg(tmp_path / "r", "optim.name=sgd", "optim.lr=0.1", "train.max_steps=3"))
+        assert r["steps"] == 3
+        lrs = [rec["lr"] for rec in records(tmp_path / "r", "train")]
+        assert lrs[0] < lrs[1] and all(x > 0 for x in lrs)  # the schedule's warmup drives it like the others
+    finally:
+        unregister(OPTIMIZERS, "sgd")
+    with pytest.raises(ConfigError, match=r"unknown optim.name='sgd': valid are adamw, muon"):
+        train(make_cfg(tmp_path / "bad", "optim.name=sgd"))
 
 
 def test_new_data_source_is_one_function(tmp_path):

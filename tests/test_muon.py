@@ -7,7 +7,7 @@ import torch
 from model import GPT, GPTConfig
 from trainer.config import ConfigError, MuonConfig, OptimConfig
 from trainer.loop import train
-from trainer.optim import MuonAdamW, build_optimizer, set_lr
+from trainer.optim import MuonAdamW, build_optimizer
 
 from helpers import assert_resume_is_exact, make_cfg, records, run_with_a_nan_step  # noqa: E402  (the tiny training config)
 
@@ -24,7 +24,7 @@ def test_q_k_v_are_orthogonalized_as_separate_matrices():
     model = tiny()
     ocfg = OptimConfig(name="muon", lr=0.01, weight_decay=0.0, muon=MuonConfig(lr=0.05))
     opt = build_optimizer(model, ocfg, torch.device("cpu"))
-    set_lr(opt, torch.tensor(0.01))
+    opt.set_lr(torch.tensor(0.01))
     x = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(1))
     model(x, x)[1].backward()
     w = model.blocks[0].attn.c_attn.weight
@@ -45,17 +45,17 @@ def test_q_k_v_are_orthogonalized_as_separate_matrices():
     assert not torch.allclose(w.detach(), muon_step(before, grad), atol=1e-4)  # the fused reading differs
     assert torch.allclose(fc.detach(), muon_step(fc_before, fc_grad), atol=1e-6)  # 4d x d, lr x sqrt(4)
     opt.zero_grad()
-    assert w.grad is None and all(v.grad is None for _, vs in opt.splits for v in vs)
+    assert w.grad is None and all(v.grad is None for _, vs in opt.inner.splits for v in vs)
     groups = {g["group"] for g in opt.param_groups}
     assert groups == {"matrices", "embeddings", "vectors"}
-    assert [g["group"] for g in opt.muon.param_groups] == ["matrices"]
-    assert id(model.wte.weight) not in {id(p) for g in opt.muon.param_groups for p in g["params"]}
+    assert [g["group"] for g in opt.inner.muon.param_groups] == ["matrices"]
+    assert id(model.wte.weight) not in {id(p) for g in opt.inner.muon.param_groups for p in g["params"]}
 
 
 def test_muon_lr_follows_the_schedule_shape():
     model = tiny()
     opt = build_optimizer(model, OptimConfig(name="muon", lr=0.008, muon=MuonConfig(lr=0.05)), torch.device("cpu"))
-    set_lr(opt, torch.tensor(0.004))  # half the peak
+    opt.set_lr(torch.tensor(0.004))  # half the peak
     lrs = {g["group"]: float(g["lr"]) for g in opt.param_groups}
     assert lrs["matrices"] == pytest.approx(0.025) and lrs["embeddings"] == pytest.approx(0.004)
 

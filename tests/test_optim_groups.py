@@ -16,7 +16,7 @@ from helpers import gpt_config
 from model.config import ConfigError
 from model.norms import ScaleNorm
 from trainer.config import GroupConfig, GroupsConfig, OptimConfig
-from trainer.optim import build_optimizer, set_lr
+from trainer.optim import build_optimizer
 
 from helpers import assert_resume_is_exact, make_cfg, records
 from runtime import checkpoint as ck
@@ -84,7 +84,7 @@ def test_default_groups_reproduce_the_previous_optimizer(norm):
     x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))
     for step in range(4):
         lr = torch.tensor(3e-3 * (0.5 + 0.1 * step), dtype=torch.float64)  # a changing schedule
-        set_lr(new, lr)
+        new.set_lr(lr)
         old_lr.copy_(lr)
         for m, opt in ((a, new), (b, old)):
             loss = m(x, x)[1]
@@ -102,7 +102,7 @@ def test_lr_mult_scales_the_first_step():
         m = tiny("geonorm")
         groups = GroupsConfig(scalars=GroupConfig(lr_mult=mult, weight_decay=0.0))
         opt = build_optimizer(m, OptimConfig(lr=1e-4, groups=groups, fused=True), CPU)
-        set_lr(opt, torch.tensor(1e-4, dtype=torch.float64))
+        opt.set_lr(torch.tensor(1e-4, dtype=torch.float64))
         before = {n: p.detach().clone() for n, p in m.named_parameters()}
         x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(2))
         m(x, x)[1].backward()

@@ -116,7 +116,7 @@ class MuonConfig:
 
 @dataclass(frozen=True)
 class OptimConfig:
-    name: str = "adamw"                   # adamw | muon (Muon for the matrices group, AdamW for the rest)
+    name: str = "adamw"                   # adamw | muon (Muon for the matrices group, AdamW for the rest): trainer/optim.py
     lr: float = 1e-3                      # peak learning rate of the schedule
     min_lr: float = 1e-4                  # floor: cosine decays to it, wsd's final decay ends at it
     betas: tuple = (0.9, 0.95)            # AdamW betas
@@ -131,7 +131,8 @@ class OptimConfig:
     muon: MuonConfig = field(default_factory=MuonConfig)        # optim=muon: the matrices group's optimizer
 
     def validate(self) -> None:
-        _choice("optim.name", self.name, ("adamw", "muon"))
+        from .optim import OPTIMIZERS  # the registry (optim.py reads this module: imported late)
+        OPTIMIZERS[self.name]  # an unknown name raises one line listing the valid ones
         self.muon.validate()
         SCHEDULES[self.schedule]  # an unknown name raises one line listing the valid ones
         _choice("optim.fused", self.fused, ("auto", True, False))

@@ -24,7 +24,7 @@ from runtime import checkpoint, distributed
 from . import faults, resume
 from .config import ConfigError, RunConfig, grad_accum_steps, parse_run_config
 from .monitor import IntervalTimer, Spikes, block_grad_norms, mfu, peak_flops, read_host, stats_values
-from .optim import LRSchedule, build_optimizer, for_variant, set_lr
+from .optim import LRSchedule, build_optimizer, for_variant
 from .sinks import Sink, open_run_sinks
 
 log = logging.getLogger("nanonorm.train")
@@ -289,7 +289,7 @@ class Trainer:
         Its loss and grad norm go to the device buffers at `slot`. Returns, at a stats step
         (`is_stats`), what log_stats needs from it; None otherwise."""
         dev = self.device
-        set_lr(self.opt, self.sched(self.updates))
+        self.opt.set_lr(self.sched(self.updates))
         bstep = 0 if self.train_cfg.overfit_batch else s - 1
         loss_sum = torch.zeros((), device=dev)
         for micro in range(self.accum):
@@ -305,7 +305,7 @@ class Trainer:
                 scaled = loss / self.accum
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
         if self.scaler is not None:
-            self.scaler.unscale_(self.opt)
+            self.scaler.unscale_(self.opt.inner)
         stats_inputs = StatsInputs(x, y, block_grad_norms(self.model.block_modules()), {}) if is_stats else None
         before = ({g: [p.detach().clone() for p in ps] for g, ps in self.group_params.items()}
                   if is_stats else None)  # a copy of the weights at stats steps only, for ||dW||/||W||
@@ -315,20 +315,7 @@ class Trainer:
             torch.nn.utils.clip_grads_with_norm_(self.params, self.optim_cfg.grad_clip, gn, foreach=True)
         # Gradients are all-reduced, so `bad` agrees on every rank: all ranks skip together.
         bad = ~torch.isfinite(gn)
-        if not self.opt.is_fused:
-            # torch's for-loop AdamW would read a tensor LR back once per parameter (a host sync
-            # each): give it a float, read together with the skip flag in one sync per step.
-            skip, lr = torch.stack([bad.float(), self.opt.lr_tensor.float()]).tolist()
-            for g in self.opt.param_groups:
-                g["lr"] = lr * g["lr_mult"]
-        if self.scaler is not None:
-            self.scaler.step(self.opt)  # skips on inf/NaN itself (sync-free with the fused optimizer)
-            self.scaler.update()
-        elif self.opt.is_fused:
-            self.opt.found_inf = bad.float()  # fused AdamW skips the whole update when found_inf == 1
-            self.opt.step()
-        elif not skip:
-            self.opt.step()
+        self.opt.step(bad, self.scaler)  # skipped where bad, on the device where the optimizer allows
         self.model.after_optimizer_step(~bad)  # the variant's post-step hook; a no-op unless applied
         if before is not None:
             from model.geometry import update_ratios
@@ -353,7 +340,7 @@ class Trainer:
         loss_max = distributed.all_reduce_(self.loss_buf[:n].clone(), "max")
         flag = distributed.all_reduce_(torch.tensor([1.0 if self.stop.received else 0.0], device=self.device), "max")
         h = read_host(loss=loss_mean, loss_max=loss_max, flag=flag, grad_norm=self.gn_buf[:n], skipped=self.skipped,
-                      consec=self.consec, lr=self.opt.lr_tensor)  # the one host sync of the interval
+                      consec=self.consec, lr=self.opt.lr)  # the one host sync of the interval
         for spike in self.spikes.update(s - n + 1, bt, loss=h["loss"], grad_norm=h["grad_norm"]):
             if self.dist.is_main:
                 self.emit(spike)

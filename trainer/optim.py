@@ -1,18 +1,85 @@
-"""AdamW, or Muon + AdamW, over the model's parameter groups (the LR schedules are in schedules.py).
+"""The optimizers (`optim.name`, picked from OPTIMIZERS) over the model's parameter groups, behind one
+small container the loop talks to, `Optimizer` (the LR schedules are in schedules.py).
 
 The model says which group each parameter is in (`GPT.parameter_groups`: matrices, embeddings,
 vectors, scalars); `optim.groups.<group>` gives each group an lr multiplier and a weight decay.
 The LR lives in 0-dim tensors computed on the device from a device-side count of applied updates,
-so a skipped (non-finite) step leaves the schedule where it was without a host sync.
+so a skipped (non-finite) step leaves the schedule where it was without a host sync. A new optimizer
+is a function under `@OPTIMIZERS.register("name")` that returns an `Optimizer`.
 """
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
+from common import Registry
+
 from .config import ConfigError, OptimConfig
 from .schedules import LRSchedule  # noqa: F401  (re-exported: the loop builds its schedule here)
+
+OPTIMIZERS = Registry("optim.name")
+
+
+class Optimizer:
+    """One torch optimizer (or Muon + AdamW) as the loop uses it: `set_lr` writes the schedule's LR
+    into every group's LR tensor on the device; `step(bad)` applies the update unless `bad` (a 0-d
+    bool tensor: the step was non-finite), without a host sync where the optimizer allows it;
+    `state_dict`/`load_state_dict` as torch's (the checkpoint format is the inner optimizer's)."""
+
+    def __init__(self, inner, lr: torch.Tensor, group_lrs: list, settings: dict, fused: bool):
+        self.inner, self.lr, self.group_lrs, self.settings, self.fused = inner, lr, group_lrs, settings, fused
+
+    @property
+    def param_groups(self) -> list:
+        return self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    def set_lr(self, lr: torch.Tensor) -> None:
+        """Every group's LR = the schedule's LR x its lr_mult, written in place on the device (no sync)."""
+        self.lr.copy_(lr)
+        for g, t in zip(self.param_groups, self.group_lrs):
+            t.copy_(lr * g["lr_mult"] if g["lr_mult"] != 1.0 else lr)
+
+    def step(self, bad: Optional[torch.Tensor] = None, scaler=None) -> None:
+        """The update, skipped where `bad` is true. fp16 (`scaler`): the scaler skips on inf/NaN itself;
+        fused AdamW: `found_inf` skips the whole update on the device; otherwise (for-loop AdamW, Muon)
+        one host read per step of the skip flag and the LR, which torch's for-loop code takes as a float
+        (a tensor LR there would be read back once per parameter)."""
+        if scaler is not None:
+            scaler.step(self.inner)
+            scaler.update()
+        elif bad is None:
+            self.inner.step()
+        elif self.fused:
+            self.inner.found_inf = bad.float()
+            self.inner.step()
+        else:
+            skip, lr = torch.stack([bad.float(), self.lr.float()]).tolist()
+            for g in self.param_groups:
+                g["lr"] = lr * g["lr_mult"]
+            if not skip:
+                self.inner.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        """torch's load copies the saved hyper-parameters into each group: the groups then use this
+        optimizer's LR tensors again, and the configured lr_mult and weight decay."""
+        self.inner.load_state_dict(state)
+        saved = [g.get("group") for g in self.param_groups]
+        for g, t in zip(self.param_groups, self.group_lrs):
+            g["lr"] = t
+        for g, name in zip(self.param_groups, saved):
+            g["lr_mult"], g["weight_decay"] = self.settings[name]
 
 
 def fused_supported(device: torch.device) -> bool:
@@ -42,14 +109,28 @@ def for_variant(ocfg: OptimConfig, variant) -> OptimConfig:
     return dataclasses.replace(ocfg, **over)
 
 
-def build_optimizer(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device):
-    """`optim.name`: adamw (every group) or muon (Muon for matrices, AdamW for the rest)."""
-    if ocfg.name == "muon":
-        return MuonAdamW(model, ocfg, device)
-    return build_adamw(model, model.parameter_groups(), ocfg, device)
+def build_optimizer(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device) -> Optimizer:
+    """The `optim.name` optimizer over the model's parameter groups (an unknown name: one line)."""
+    return OPTIMIZERS[ocfg.name](model, ocfg, device)
 
 
-def build_adamw(model: torch.nn.Module, named_groups: dict, ocfg: OptimConfig, device: torch.device) -> torch.optim.AdamW:
+@OPTIMIZERS.register("adamw")
+def adamw(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device) -> Optimizer:
+    """AdamW over every group (fused where torch has the kernel)."""
+    opt, lr, fused = build_adamw(model, model.parameter_groups(), ocfg, device)
+    return Optimizer(opt, lr, [g["lr"] for g in opt.param_groups], group_settings(ocfg), fused)
+
+
+@OPTIMIZERS.register("muon")
+def muon(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device) -> Optimizer:
+    """Muon for the matrices group, AdamW for the rest (MuonAdamW)."""
+    m = MuonAdamW(model, ocfg, device)
+    return Optimizer(m, m.lr_tensor, m.group_lrs, m.group_settings, fused=False)
+
+
+def build_adamw(model: torch.nn.Module, named_groups: dict, ocfg: OptimConfig,
+                device: torch.device) -> tuple[torch.optim.AdamW, torch.Tensor, bool]:
+    """(AdamW over `named_groups` with a tensor LR per group, the schedule's LR tensor, fused)."""
     settings = group_settings(ocfg)
     fused = fused_supported(device) if ocfg.fused == "auto" else bool(ocfg.fused)
     lr = torch.tensor(ocfg.lr, dtype=torch.float32, device=device)  # the schedule's LR (logged), filled each step
@@ -60,29 +141,7 @@ def build_adamw(model: torch.nn.Module, named_groups: dict, ocfg: OptimConfig, d
             groups.append({"params": [p for _, p in named], "weight_decay": wd, "group": name, "lr_mult": mult,
                            "lr": torch.tensor(ocfg.lr * mult, dtype=torch.float32, device=device)})
     kw = {"fused": True} if fused else {"foreach": False}  # tensor LR needs fused or the for-loop path
-    opt = torch.optim.AdamW(groups, lr=lr, betas=tuple(ocfg.betas), eps=ocfg.eps, **kw)
-    opt.lr_tensor = lr
-    opt.group_lrs = [g["lr"] for g in opt.param_groups]
-    opt.group_settings = settings
-    opt.is_fused = fused
-    return opt
-
-
-def set_lr(opt: torch.optim.Optimizer, lr: torch.Tensor) -> None:
-    """Every group's LR = the schedule's LR x its lr_mult, written in place on the device (no sync)."""
-    opt.lr_tensor.copy_(lr)
-    for g, t in zip(opt.param_groups, opt.group_lrs):
-        t.copy_(lr * g["lr_mult"] if g["lr_mult"] != 1.0 else lr)
-
-
-def attach_lr(opt: torch.optim.Optimizer) -> None:
-    """After load_state_dict (which copies the saved hyper-parameters into each group): the groups
-    use the optimizer's own LR tensors again, and the configured lr_mult / weight decay."""
-    saved = [g.get("group") for g in opt.param_groups]
-    for g, t in zip(opt.param_groups, opt.group_lrs):
-        g["lr"] = t
-    for g, name in zip(opt.param_groups, saved):
-        g["lr_mult"], g["weight_decay"] = opt.group_settings[name]
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(ocfg.betas), eps=ocfg.eps, **kw), lr, fused
 
 
 class MuonAdamW:
@@ -98,15 +157,12 @@ class MuonAdamW:
     are all-reduced first, so every rank computes the same update.
     """
 
-    is_fused = False  # the loop's non-finite guard: check on the host, skip both optimizers together
-
     def __init__(self, model: torch.nn.Module, ocfg: OptimConfig, device: torch.device):
         if not hasattr(torch.optim, "Muon"):
             raise ConfigError(f"optim=muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
         groups = model.parameter_groups()
         matrices = groups.pop("matrices")
-        self.adamw = build_adamw(model, groups, ocfg, device)
-        self.lr_tensor = self.adamw.lr_tensor
+        self.adamw, self.lr_tensor, _ = build_adamw(model, groups, ocfg, device)
         self.group_settings = group_settings(ocfg)
         mult, wd = self.group_settings["matrices"]
         # Muon's lr follows the schedule's shape: schedule(u) x muon.lr / lr, times the group's lr_mult.
@@ -128,7 +184,7 @@ class MuonAdamW:
         self.muon = torch.optim.Muon([{"params": params, "group": "matrices", "lr_mult": mult, "lr": lr}],
                                      lr=lr, weight_decay=wd, momentum=ocfg.muon.momentum,
                                      nesterov=ocfg.muon.nesterov, ns_steps=ocfg.muon.ns_steps)
-        self.group_lrs = self.adamw.group_lrs + [lr]
+        self.group_lrs = [g["lr"] for g in self.adamw.param_groups] + [lr]
 
     @property
     def param_groups(self) -> list:

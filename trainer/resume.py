@@ -264,18 +264,15 @@ def restore(tr, path: Path) -> bool:
 
     from runtime import checkpoint
 
-    from .optim import attach_lr
-
     ckpt = checkpoint.load_checkpoint(path)
     check_compatible(path, ckpt, tr.mcfg.to_dict(), tr.tokenizer_name)
     config_changed = check_config_changes(path, OmegaConf.to_container(tr.cfg, resolve=True),
                                           ckpt.get("config") or {}, tr.train_cfg.resume_force)
     try:
         tr.model.load_state_dict(checkpoint.strip_prefixes(ckpt["model"]))
-        tr.opt.load_state_dict(ckpt["optimizer"])
+        tr.opt.load_state_dict(ckpt["optimizer"])  # and its groups' LR tensors and settings again
     except (RuntimeError, ValueError, KeyError) as e:
         raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this model/optimizer: {str(e).splitlines()[0]}") from None
-    attach_lr(tr.opt)
     s = ckpt["scheduler"]
     tr.updates.fill_(s["updates"])
     tr.skipped.fill_(s["skipped_total"])
