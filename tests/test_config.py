@@ -165,3 +165,38 @@ def test_builder_refuses_null_and_unknown_keys_in_nested_groups():
     with pytest.raises(ConfigError, match=r"^unknown key\(s\) logging.wandb.mood: valid keys are mode, "):
         build(LoggingConfig, {"wandb": {"mood": "online"}}, "logging")
     assert EvalConfig().tasks[:2] == ["lambada_openai", "wikitext"] and len(EvalConfig().tasks) == 11
+
+
+@pytest.mark.slow
+def test_help_and_a_bad_key_answer_without_torch_once_cached(tmp_path):
+    env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
+
+    def run(*argv):
+        p = subprocess.run([sys.executable, "-X", "importtime", "train.py", *argv], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=600)
+        imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+        return p, imported
+
+    first, imported = run("--help")  # fills the cache (imports torch once)
+    assert first.returncode == 0 and "torch" in imported
+    again, imported = run("--help")
+    assert again.returncode == 0 and again.stdout == first.stdout and "torch" not in imported
+    run("train.foo=1")  # the first composition fills the schema's cache
+    bad, imported = run("model.foo=1")
+    assert bad.returncode == 2 and "error: unknown key(s) model.foo: valid keys are " in bad.stderr
+    assert "torch" not in imported
+
+
+def test_the_cli_cache_is_keyed_on_its_sources(tmp_path, monkeypatch):
+    from trainer import cli_cache
+
+    src = tmp_path / "src.py"
+    src.write_text("A = 1\n")
+    monkeypatch.setattr(cli_cache, "REPO", tmp_path)
+    monkeypatch.setattr(cli_cache, "SOURCES", ("src.py",))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calls = []
+    make = lambda: calls.append(1) or {"v": len(calls)}  # noqa: E731
+    assert cli_cache.cached("x", make) == {"v": 1} and cli_cache.cached("x", make) == {"v": 1}
+    src.write_text("A = 2\n")  # a changed source: a new key, computed again
+    assert cli_cache.cached("x", make) == {"v": 2} and len(calls) == 2

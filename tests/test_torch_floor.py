@@ -21,7 +21,7 @@ SINCE = {
             "torch.distributed.distributed_c10d._set_pg_timeout"],  # private, tests only
     "2.3": ["torch.compiler.is_compiling", "torch.amp.GradScaler"],
     "2.0": """
-        torch.optim torch.nn.functional.silu torch.nn.functional.relu torch.nn.functional.normalize
+        torch.optim torch.optim.SGD torch.nn.functional.silu torch.nn.functional.relu torch.nn.functional.normalize
         torch.complex torch.polar torch.Generator torch.Tensor torch.__version__ torch._dynamo.reset torch._foreach_norm torch._foreach_sub torch.addcmul
         torch.atan2 torch.acos torch.count_nonzero
         torch.allclose torch.arange torch.are_deterministic_algorithms_enabled torch.atan torch.autocast

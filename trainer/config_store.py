@@ -29,21 +29,26 @@ def group_defaults() -> dict:
             "train": defaults(TrainConfig), "optim": defaults(OptimConfig), "logging": defaults(LoggingConfig)}
 
 
-def register_code_configs(config_dir: Path = CONFIG_DIR) -> list[str]:
+def register_code_configs(config_dir: Path = CONFIG_DIR, from_cache: bool = False) -> list[str]:
     """Store the `base_config` schema, and a `norm` group option for every registered variant without a
     YAML; returns those variants' names. Call before Hydra composes (train.py does; so do the tests and
-    scripts that compose)."""
+    scripts that compose). `from_cache` (train.py's command line): the schema and the variants as the
+    sources give them (trainer/cli_cache.py), without importing the model and torch."""
     from hydra.core.config_store import ConfigStore
 
     from common.config import schema
-    from model.variants import VARIANTS
 
+    if from_cache:
+        from .cli_cache import cached
+        groups, variants = cached("schema", lambda: [group_defaults(), _variants()])
+    else:
+        groups, variants = group_defaults(), _variants()
     store = ConfigStore.instance()
-    store.store(name="base_config", node={g: schema(d, f"{g}_schema") for g, d in group_defaults().items()})
-    for name in _STORED - set(VARIANTS):  # a variant removed from the registry since is no option any more
+    store.store(name="base_config", node={g: schema(d, f"{g}_schema") for g, d in groups.items()})
+    for name in _STORED - set(variants):  # a variant removed from the registry since is no option any more
         store.repo.get("norm", {}).pop(f"{name}.yaml", None)
     stored = []
-    for name in VARIANTS:
+    for name in variants:
         if not (config_dir / "norm" / f"{name}.yaml").is_file():
             store.store(group="norm", name=name, node={"name": name})
             stored.append(name)
@@ -52,7 +57,13 @@ def register_code_configs(config_dir: Path = CONFIG_DIR) -> list[str]:
     return stored
 
 
-def composition_error_line(e: BaseException) -> str:
+def _variants() -> list[str]:
+    from model.variants import VARIANTS
+
+    return list(VARIANTS)
+
+
+def composition_error_line(e: BaseException, groups: dict | None = None) -> str:
     """One line for a Hydra composition error: an unknown group option, an unknown key, bad syntax."""
     options, missing = getattr(e, "options", None), getattr(e, "missing_cfg_file", None)
     if options and missing and "/" in missing:  # `norm=nope`
@@ -60,7 +71,7 @@ def composition_error_line(e: BaseException) -> str:
         return f"unknown {group}={name}: valid are {', '.join(options)}"
     full_key = getattr(e.__cause__, "full_key", None)
     if full_key and "." in full_key:  # `model.foo=1`: a key the group does not have
-        node = group_defaults()
+        node = groups if groups is not None else group_defaults()
         for part in full_key.split(".")[:-1]:
             node = node.get(part) if isinstance(node, dict) else None
         if isinstance(node, dict):
@@ -87,7 +98,9 @@ def run_hydra(hydra_main) -> None:
     try:
         hydra_main()
     except (ConfigCompositionException, OverrideParseException) as e:
-        print(f"error: {composition_error_line(e)}", file=sys.stderr)
+        from .cli_cache import cached
+        groups, _ = cached("schema", lambda: [group_defaults(), _variants()])
+        print(f"error: {composition_error_line(e, groups)}", file=sys.stderr)
         raise SystemExit(2) from None
     except OSError as e:
         if not _raised_by_hydra_before_the_task(e):

@@ -10,14 +10,16 @@ is a function under `@OPTIMIZERS.register("name")` that returns an `Optimizer`.
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from common import Registry
+from common import ConfigError, Registry
 
-from .config import ConfigError, OptimConfig
 from .schedules import LRSchedule  # noqa: F401  (re-exported: the loop builds its schedule here)
+
+if TYPE_CHECKING:  # type hints only: the config validates optim.name against OPTIMIZERS
+    from .config import OptimConfig
 
 OPTIMIZERS = Registry("optim.name")
 
