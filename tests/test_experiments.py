@@ -317,10 +317,14 @@ def test_every_experiment_config_composes() -> None:
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         for name in EXPERIMENTS:
             cfg = compose("config", overrides=[f"experiment={name}"])
+            if cfg.data.name.startswith("pile_"):  # the user's copy of the Pile: without a path, one clear line
+                with pytest.raises(DataError, match="data.files"):
+                    parse_run_config(cfg)
+                cfg = compose("config", overrides=[f"experiment={name}", "data.files=[/somewhere/*.jsonl]"])
             meta = cfg.experiment_meta
             assert meta.name == name
             assert meta.paper_setting is None or meta.paper_setting in paper, name
-            rc = parse_run_config(cfg)  # train/optim/logging keys exist and are valid
+            rc = parse_run_config(cfg)  # every group's keys exist and are valid
             assert "tokens_per_run" not in meta, name  # max_steps x batch_tokens: derived, not restated
             # one rank, no accumulation remainder
             assert rc.train.batch_tokens % (rc.train.micro_batch_size * cfg.model.block_size) == 0, name
@@ -332,12 +336,7 @@ def test_every_experiment_config_composes() -> None:
                         OmegaConf.update(pc, k, v, force_add=False)
                 GPTConfig.from_hydra(pc.model, pc.norm, vocab_size=257)  # raises on a bad point
                 parse_run_config(pc)
-            data = OmegaConf.to_container(cfg.data, resolve=True)
-            if data["name"].startswith("pile_"):
-                with pytest.raises(DataError, match="data.files"):  # no user path: one clear line
-                    DataConfig.from_any(data)
-                data["files"] = ["/somewhere/*.jsonl"]
-            DataConfig.from_any(data)
+            assert rc.data == DataConfig.from_any(OmegaConf.to_container(cfg.data, resolve=True))
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         a = compose("config", overrides=["experiment=geonorm_125m_books3_4096"])
         assert (a.model.n_layer, a.model.n_embd, a.model.block_size) == (12, 768, 4096)

@@ -191,29 +191,51 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
+    """The whole run, typed and validated once at start-up (parse_run_config); the Trainer takes only it."""
     train: TrainConfig
     optim: OptimConfig
     logging: LoggingConfig
+    model: Any = None                     # GPTConfig, at the vocabulary of data.tokenizer
+    data: Any = None                      # DataConfig
+    out_dir: Optional[str] = None         # the run dir
+    run_name: Optional[str] = None        # the run's name (wandb)
+    composed: dict = field(default_factory=dict)  # the resolved composed config, as config.yaml and checkpoints keep it
 
 
 def parse_run_config(cfg: DictConfig) -> RunConfig:
-    """Build and validate the three groups from the composed Hydra config (raises ConfigError)."""
+    """Build and validate every group of the composed Hydra config (raises ConfigError): train, optim and
+    logging, and where the config has them the model (at its data's tokenizer's vocabulary, so before any
+    data preparation, which may take long) and data, and where the run goes."""
     for g in ("train", "optim", "logging"):
         if g not in cfg or cfg[g] is None:
             raise ConfigError(f"missing config group '{g}' (configs/{g}/)")
-    rc = RunConfig(train=build(TrainConfig, cfg.train, "train"), optim=build(OptimConfig, cfg.optim, "optim"),
-                   logging=build(LoggingConfig, cfg.logging, "logging"))
-    rc.train.validate()
-    rc.optim.validate()
-    rc.logging.validate()
-    if "model" in cfg and "norm" in cfg:  # the model's keys too, before data preparation (which may take long)
+    train, optim = build(TrainConfig, cfg.train, "train"), build(OptimConfig, cfg.optim, "optim")
+    logging_cfg = build(LoggingConfig, cfg.logging, "logging")
+    train.validate()
+    optim.validate()
+    logging_cfg.validate()
+    model = data = None
+    if "data" in cfg:
+        from data.config import DataConfig
+
+        data = DataConfig.from_any(cfg.data)
+    if "model" in cfg and "norm" in cfg:
         from model.config import GPTConfig
 
-        GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=1)  # the tokenizer's size is known later
-    if rc.optim.name == "muon" and rc.train.precision == "fp16":
+        vocab = 1
+        if data is not None:
+            from data import get_tokenizer
+
+            vocab = get_tokenizer(data.tokenizer).vocab_size
+        model = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=vocab)
+    if optim.name == "muon" and train.precision == "fp16":
         _bad("train.precision", "fp16", "optim=muon runs in bf16 or fp32 (its split Q/K/V updates bypass fp16's "
                                         "gradient scaler); use train.precision=bf16")
-    return rc
+    from omegaconf import OmegaConf
+
+    composed = OmegaConf.to_container(cfg, resolve=True)
+    return RunConfig(train, optim, logging_cfg, model, data, composed.get("out_dir"), composed.get("run_name"),
+                     composed)
 
 
 # --- helpers -------------------------------------------------------------------------------------

@@ -40,8 +40,8 @@ class StatsInputs(NamedTuple):
 
 
 class Trainer:
-    def __init__(self, cfg: DictConfig, rc: RunConfig, dist: distributed.Runtime, sinks: Optional[list] = None):
-        self.cfg, self.dist = cfg, dist
+    def __init__(self, rc: RunConfig, dist: distributed.Runtime, sinks: Optional[list] = None):
+        self.rc, self.dist = rc, dist
         self.train_cfg, self.optim_cfg, self.log_cfg = rc.train, rc.optim, rc.logging
         self.extra_sinks = list(sinks or [])
         self.sinks: list[Sink] = []
@@ -58,7 +58,7 @@ class Trainer:
         self._configure_torch()
         self._prepare_data()
         # Rank 0's resolution of out_dir is the run dir for everyone (robust even to ${now:} in run_name).
-        self.run_dir = Path(distributed.broadcast_object(str(self.cfg.out_dir)))
+        self.run_dir = Path(distributed.broadcast_object(str(self.rc.out_dir)))
         resume_path = self._resolve_resume()
         self._build_model_and_optimizer()
         self._build_loaders()
@@ -86,10 +86,9 @@ class Trainer:
         """The prepared data dir and its tokenizer. Rank 0 prepares (downloads/tokenizes, possibly for
         hours) first; the others wait (on a gloo group with a long timeout) and then find it ready."""
         import data as data_mod
-        from model import GPTConfig
 
         def prepare():
-            data_dir = Path(data_mod.prepare_dataset(self.cfg.data))
+            data_dir = Path(data_mod.prepare_dataset(self.rc.data))
             if self.dist.is_main:  # sha256 and token ids of every shard, read once per data dir (recorded), before any rank uses them
                 tok_name = json.loads((data_dir / "meta.json").read_text())["tokenizer"]
                 data_mod.check_data_dir(data_dir, data_mod.get_tokenizer(tok_name).vocab_size, tokenizer=tok_name)
@@ -97,8 +96,10 @@ class Trainer:
 
         self.data_dir = distributed.main_first(prepare)
         self.tokenizer_name = json.loads((self.data_dir / "meta.json").read_text())["tokenizer"]
-        vocab_size = data_mod.get_tokenizer(self.tokenizer_name).vocab_size
-        self.mcfg = GPTConfig.from_hydra(self.cfg.model, self.cfg.norm, vocab_size=vocab_size)
+        if self.tokenizer_name != self.rc.data.tokenizer:  # the model was sized for data.tokenizer's vocabulary
+            raise ConfigError(f"data dir {self.data_dir} holds {self.tokenizer_name!r} tokens, not data.tokenizer="
+                              f"{self.rc.data.tokenizer!r}; prepare it again or use its tokenizer")
+        self.mcfg = self.rc.model
         self.accum = grad_accum_steps(self.train_cfg.batch_tokens, self.train_cfg.micro_batch_size,
                                       self.mcfg.block_size, self.dist.world_size)
 
@@ -192,7 +193,7 @@ class Trainer:
         """Rank 0: the run dir's config.yaml and the record sinks (trainer/sinks.py)."""
         if self.dist.is_main:
             self.sinks, self.wandb_run_id = open_run_sinks(
-                self.run_dir, self.cfg, self.log_cfg, self.train_cfg, self.step, resume_path is not None,
+                self.run_dir, self.rc, self.step, resume_path is not None,
                 config_changed, self.wandb_run_id)
             self.sinks.extend(self.extra_sinks)
 
@@ -440,8 +441,8 @@ def _fmean(xs):
 
 def train(cfg: DictConfig, sinks: Optional[list] = None) -> dict:
     """Run one training job from a composed Hydra config. Returns a result dict (summary, checkpoint)."""
-    rc = parse_run_config(cfg)  # validate before touching devices or data
-    trainer = Trainer(cfg, rc, distributed.init_distributed(rc.train.device, precision=rc.train.precision), sinks)
+    rc = parse_run_config(cfg)  # validate everything before touching devices or data
+    trainer = Trainer(rc, distributed.init_distributed(rc.train.device, precision=rc.train.precision), sinks)
     try:
         trainer.setup()
         return trainer.run()

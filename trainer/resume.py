@@ -239,7 +239,6 @@ class StopSignal:
 def state(tr, rng_per_rank: list) -> dict:
     """The checkpoint of trainer `tr` (rank 0): model, optimizer, schedule counters, monitors, every
     rank's RNG streams (`rng_per_rank`), the data position, the config, and the training time so far."""
-    from omegaconf import OmegaConf
 
     return {
         "model": tr.model.state_dict(), "model_config": tr.mcfg.to_dict(),
@@ -251,7 +250,7 @@ def state(tr, rng_per_rank: list) -> dict:
         "monitor": {**tr.spikes.state_dict(), "best_val_loss": tr.best_val, "last_val": tr.last_val},
         "rng": {"world_size": tr.dist.world_size, "per_rank": rng_per_rank},
         "loader": tr.loader.state_dict(),
-        "config": OmegaConf.to_container(tr.cfg, resolve=True),
+        "config": tr.rc.composed,
         "wandb_run_id": tr.wandb_run_id,
         "train_s": tr._train_s(),  # all segments up to this checkpoint (the summary's train_s)
     }
@@ -260,14 +259,12 @@ def state(tr, rng_per_rank: list) -> dict:
 def restore(tr, path: Path) -> bool:
     """Continue trainer `tr` from checkpoint `path`: check that it is the same model, warn about (or
     refuse) config changes, load every part of `state`. Returns whether the config changed."""
-    from omegaconf import OmegaConf
 
     from runtime import checkpoint
 
     ckpt = checkpoint.load_checkpoint(path)
     check_compatible(path, ckpt, tr.mcfg.to_dict(), tr.tokenizer_name)
-    config_changed = check_config_changes(path, OmegaConf.to_container(tr.cfg, resolve=True),
-                                          ckpt.get("config") or {}, tr.train_cfg.resume_force)
+    config_changed = check_config_changes(path, tr.rc.composed, ckpt.get("config") or {}, tr.train_cfg.resume_force)
     try:
         tr.model.load_state_dict(checkpoint.strip_prefixes(ckpt["model"]))
         tr.opt.load_state_dict(ckpt["optimizer"])  # and its groups' LR tensors and settings again

@@ -161,15 +161,15 @@ class ConsoleSink(Sink):
         ]
 
 
-def open_run_sinks(run_dir: Path, cfg, log_cfg, train_cfg, step: int, resumed: bool, config_changed: bool,
+def open_run_sinks(run_dir: Path, rc, step: int, resumed: bool, config_changed: bool,
                    wandb_run_id: Optional[str]) -> tuple[list, Optional[str]]:
     """Rank 0 at the start of a run: config.yaml (a changed config on resume keeps the old one beside it
     as config_until_<step>.yaml), metrics.jsonl cut back to `step` on resume, and the sinks: metrics.jsonl,
     wandb unless disabled, the console if `logging.console`. Returns (sinks, wandb run id)."""
     from omegaconf import OmegaConf
 
+    log_cfg, train_cfg, resolved = rc.logging, rc.train, rc.composed
     run_dir.mkdir(parents=True, exist_ok=True)
-    resolved = OmegaConf.to_container(cfg, resolve=True)
     cfg_path = run_dir / "config.yaml"
     if config_changed and cfg_path.is_file():  # the config the steps so far ran with stays beside the new one
         kept = run_dir / f"config_until_{step:08d}.yaml"
@@ -182,7 +182,7 @@ def open_run_sinks(run_dir: Path, cfg, log_cfg, train_cfg, step: int, resumed: b
         truncate_jsonl(metrics, step)
     sinks, wandb = [JsonlSink(metrics)], None
     if log_cfg.wandb.mode != "disabled":
-        wandb = WandbSink(log_cfg.wandb, str(cfg.run_name), run_dir, resolved, wandb_run_id)
+        wandb = WandbSink(log_cfg.wandb, str(rc.run_name), run_dir, resolved, wandb_run_id)
         wandb_run_id = wandb.run_id
         sinks.append(wandb)
     if log_cfg.console:
