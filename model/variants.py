@@ -308,6 +308,8 @@ class SphereOptions(NormOptions):
                 "(the rule's bound), or null")
 
     def angle_bound(self) -> float:
+        """The largest angle the rule can produce: bounds norm.target_angle, and the monitor reports the
+        share of tokens near it."""
         return math.inf
 
 
@@ -328,6 +330,7 @@ class _SphereVariant(Variant):
         # default raw, our reading). The rotation still acts on the raw h.
         self.in_norm = make_norm(cfg) if cfg.norm.sublayer_input == "norm" else None
         self._record_r: Optional[list] = None    # calibrate() collects the raw steps r here
+        self.bound = cfg.norm.angle_bound()      # the largest angle the rule can produce (its Options say)
 
     def angle(self, r: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
         """Rotation angle from r = ||v||/||h|| and the learnable scalars `params`."""
@@ -338,7 +341,7 @@ class _SphereVariant(Variant):
 
     def angle_bound(self) -> float:
         """The largest angle the rule can produce (the monitor reports the share of tokens near it)."""
-        return math.inf
+        return self.bound
 
     def scale_for(self, r: torch.Tensor, target: float) -> float:
         """The initial step-size value that turns tokens with raw step r = ||v||/||h|| (the mean over a
@@ -423,9 +426,6 @@ class GeoNorm(_SphereVariant):
     def angle_params(self):
         return (self.a, self.b)
 
-    def angle_bound(self):
-        return self.clamp
-
     def scale_for(self, r, target):
         # theta = min(c, a * min(c, r) * lambda) at b = 0: a = target / (lambda r), the target below c
         return target / (self.lam * min(self.clamp, r))
@@ -473,7 +473,7 @@ class SpheretNorm(_SphereVariant):
             super().__post_init__()
 
         def angle_bound(self):
-            return self.p * math.pi / 2
+            return self.p * math.pi / 2  # p atan(beta/p) < p pi/2; inf for the exponential map
 
     optim_groups = {"rho": "scalars"}
 
@@ -484,9 +484,6 @@ class SpheretNorm(_SphereVariant):
 
     def angle_params(self):
         return (self.rho,)
-
-    def angle_bound(self):
-        return self.p * math.pi / 2  # p atan(beta/p) < p pi/2; inf for the exponential map
 
     def scale_for(self, r, target):
         # theta = p atan(alpha lambda r / p): alpha = p tan(target / p) / (lambda r); target / (lambda r) at p = inf
