@@ -80,7 +80,7 @@ def make_trainer(overrides, out_dir):
     register_code_configs()
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base=None):
         cfg = compose("config", overrides=[*overrides, f"out_dir={out_dir}", "train.overwrite=true"])
-    tr = Trainer(parse_run_config(cfg), D.init_distributed(cfg.train.device))
+    tr = Trainer(parse_run_config(cfg), D.init_distributed(cfg.train.device, precision=cfg.train.precision))
     tr.setup()
     return tr
 

@@ -155,7 +155,7 @@ def _syncs_per_step(monkeypatch, tmp_path, *overrides):
     from trainer.loop import Trainer
 
     cfg = make_cfg(tmp_path, *overrides)
-    t = Trainer(parse_run_config(cfg), D.init_distributed("cpu"))
+    t = Trainer(parse_run_config(cfg), D.init_distributed("cpu", precision=cfg.train.precision))
     try:
         t.setup()
         t.train_step(1, False, 0)

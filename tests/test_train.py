@@ -273,7 +273,7 @@ def test_run_dir_is_claimed_for_the_whole_run(tmp_path):
     from trainer.loop import Trainer
 
     cfg = make_cfg(tmp_path, "train.max_steps=2")
-    first = Trainer(parse_run_config(cfg), D.init_distributed("cpu"))
+    first = Trainer(parse_run_config(cfg), D.init_distributed("cpu", precision=cfg.train.precision))
     first.setup()  # claimed, nothing trained or logged yet
     try:
         for extra in ([], ["train.resume=auto"], ["train.overwrite=true"]):

@@ -75,7 +75,7 @@ class Trainer:
         """Device, precision, threads, determinism and TF32, from train.*."""
         train_cfg = self.train_cfg
         self.device = self.dist.device
-        self.precision = distributed.resolve_precision(train_cfg.precision, self.device)  # as the runtime's
+        self.precision = self.dist.precision  # train.precision, resolved for the device by the runtime
         if self.precision == "fp16" and self.device.type == "cpu":
             log.warning("fp16 on CPU is slow and only useful for testing the GradScaler path")
         self.autocast = distributed.autocast(self.device, self.precision)
@@ -338,9 +338,9 @@ class Trainer:
         throughput and MFU are null when no step was timed."""
         W, bt = self.dist.world_size, self.train_cfg.batch_tokens
         loss_mean = distributed.all_reduce_(self.loss_buf[:n].clone(), "sum") / W
-        loss_max = distributed.all_reduce_(self.loss_buf[:n].clone(), "max")
-        flag = distributed.all_reduce_(torch.tensor([1.0 if self.stop.received else 0.0], device=self.device), "max")
-        h = read_host(loss=loss_mean, loss_max=loss_max, flag=flag, grad_norm=self.gn_buf[:n], skipped=self.skipped,
+        flag = torch.tensor([1.0 if self.stop.received else 0.0], device=self.device)
+        mx = distributed.all_reduce_(torch.cat([self.loss_buf[:n], flag]), "max")  # loss maxima and any rank's signal
+        h = read_host(loss=loss_mean, loss_max=mx[:n], flag=mx[n:], grad_norm=self.gn_buf[:n], skipped=self.skipped,
                       consec=self.consec, lr=self.opt.lr)  # the one host sync of the interval
         for spike in self.spikes.update(s - n + 1, bt, loss=h["loss"], grad_norm=h["grad_norm"]):
             if self.dist.is_main:
