@@ -274,15 +274,11 @@ def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress:
             _clear(out)
         try:
             _run(cfg, tok, out, progress)
-        except HubUnreachable:
-            # The network, not the input: keep what was prepared (to resume), and no empty dir with a lock.
-            (out / ".lock").unlink(missing_ok=True)
-            if not any(out.iterdir()):
-                out.rmdir()
-            raise
-        except DataError:
+        except DataError as e:
             # Bad input fails the same way every time: nothing worth resuming, so leave no half-made dir.
-            _clear(out)
+            # An unreachable hub is the network, not the input: what was prepared stays, to resume.
+            if not isinstance(e, HubUnreachable):
+                _clear(out)
             (out / ".lock").unlink(missing_ok=True)
             if not any(out.iterdir()):
                 out.rmdir()
