@@ -70,8 +70,9 @@ def generate(model, idx: torch.Tensor, max_new_tokens: int, *, temperature: floa
     """Extend idx [B, T] by up to max_new_tokens tokens; returns [B, T + n].
 
     vocab_size: the tokenizer's size; logits of the padding ids above it are never sampled.
-    stop: called with the whole sequence after each new token; True ends generation early
-      (costs a host sync per token, so only the lm-eval adapter's stop strings use it).
+    stop: called with the whole sequence after each new token; True ends generation early. One that
+      reads the tokens costs a host sync per token (the lm-eval adapter's stop strings); sample.py's
+      progress report never reads them.
     cache_dtype: the dtype of cached keys/values (the autocast dtype under autocast).
     """
     block_size = model.config.block_size

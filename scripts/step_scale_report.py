@@ -162,12 +162,12 @@ def trend_lines(root: Path, rows_a: dict[str, dict], n_params: dict, grid: dict)
         return ["(not run yet)"], {}
     rows_c = cell_rows(runs)
     base = next(iter(n_params))
-    shapes = {base: (None, ""), **{s: (None, s + "-") for s in grid}}
+    prefixes = {base: "", **{s: s + "-" for s in grid}}  # shape -> its cells' label prefix (the base: part (a))
     sphere = next((c.split("-", 1)[1] for c in rows_c if not c.split("-", 1)[1].startswith("pre_ln")), None)
     lines = ["| shape | params | pre_ln: best lr, mean ± std [CI] | " + f"{sphere}: best lr, mean ± std [CI] | "
              "gap (sphere - pre_ln) [95% CI] | Welch |", "|---|---|---|---|---|---|"]
     fit: dict = {}
-    for shape, (_, prefix) in shapes.items():
+    for shape, prefix in prefixes.items():
         pre = rows_a.get("pre_ln") if shape == base else rows_c.get(prefix + "pre_ln")
         sph = rows_a.get(sphere) if shape == base else rows_c.get(prefix + sphere)
         if not pre or not sph or sphere is None:
@@ -189,10 +189,9 @@ def trend_lines(root: Path, rows_a: dict[str, dict], n_params: dict, grid: dict)
 
 
 def _axes(n_params: dict) -> tuple[list[str], list[str]]:
-    """(width points, depth points) in order, the base shape in both."""
+    """(width points, depth points) in order, the base shape (labelled by its width, w<d>) in both."""
     base, *rest = list(n_params)
-    w = sorted([base] + [s for s in rest if s.startswith("w")], key=lambda s: int(s[1:]) if s != base else 0)
-    widths = [w[1], base, w[2]] if len(w) == 3 else w
+    widths = sorted([base] + [s for s in rest if s.startswith("w")], key=lambda s: int(s[1:]))
     return widths, [base] + sorted((s for s in rest if s.startswith("d")), key=lambda s: int(s[1:]))
 
 
@@ -299,7 +298,8 @@ def report(root: Path, docs: Path, base_experiment: str = "fidelity") -> None:
     atomic_write(out / "a_best.json", json.dumps(best, indent=1) + "\n")  # part (c) starts from these
     order = list(study.CELLS)
     times = json.loads((root / study.TIMES).read_text()) if (root / study.TIMES).is_file() else {}
-    model, grid = study.base_model(base_experiment), study.shapes(base_experiment)
+    model = study.base_model(base_experiment)
+    grid = study.shapes(model)
     n_params = {f"w{model['n_embd']}": _params(model, {})}  # the base shape first: part (a)'s runs
     for s, m in grid.items():
         n_params[s] = _params(model, {k.split(".", 1)[1]: v for k, v in m.items()})

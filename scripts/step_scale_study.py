@@ -79,11 +79,10 @@ def base_model(experiment: str) -> dict:
     return {**OmegaConf.to_container(cfg.model, resolve=True), "tokenizer_vocab": get_tokenizer(cfg.data.tokenizer).vocab_size}
 
 
-def shapes(experiment: str = "fidelity") -> dict:
-    """(c): shape label -> model overrides, relative to the base experiment's model: width x1/2 and x2
-    (depth kept; heads keep the head size), depth x2 and x4 (width kept), cheapest first. On the
+def shapes(m: dict) -> dict:
+    """(c): shape label -> model overrides, relative to the base model `m` (base_model): width x1/2 and
+    x2 (depth kept; heads keep the head size), depth x2 and x4 (width kept), cheapest first. On the
     fidelity setting (4 x 128): w64, d8, w256, d16."""
-    m = base_model(experiment)
     d, n, hd = m["n_embd"], m["n_layer"], m["n_embd"] // m["n_head"]
     return {f"w{d // 2}": {"model.n_embd": d // 2, "model.n_head": max(1, d // 2 // hd)},
             f"d{2 * n}": {"model.n_layer": 2 * n},
@@ -255,7 +254,7 @@ def main(argv=None) -> int:
     unknown = [c for c in args.cells if c not in CELLS]
     if unknown:
         raise SystemExit(f"unknown --cells {', '.join(unknown)}: valid are {', '.join(CELLS)}")
-    args.shape_grid = shapes(args.base_experiment)
+    args.shape_grid = shapes(base_model(args.base_experiment))
     args.shapes = args.shapes.split(",") if args.shapes else list(args.shape_grid)
     unknown = [s for s in args.shapes if s not in args.shape_grid]
     if unknown:
