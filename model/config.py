@@ -167,6 +167,8 @@ def _from_flat(d: dict) -> dict:
     norm = {k: v for k, v in flat.items() if k in own}
     if norm.get("embed_norm") != "scalenorm":
         norm.pop("learn_radius", None)
+    if "sublayer_input" in own:                  # written before GeoNorm's default became `norm`
+        norm.setdefault("sublayer_input", "raw")
     return {**d, "norm": norm}
 
 

@@ -326,8 +326,8 @@ class _SphereVariant(Variant):
         self.lam = decay_factor(cfg.norm.decay, idx, n)
         self.track = False                       # the monitor turns this on at stats steps
         self.last_theta: Optional[torch.Tensor] = None
-        # `norm.sublayer_input=norm`: F reads Norm(h) instead of the raw stream (the papers feed h;
-        # default raw, our reading). The rotation still acts on the raw h.
+        # `norm.sublayer_input=norm`: F reads Norm(h) instead of the raw stream (the papers write F(h);
+        # raw for the SpheretNorms, norm for GeoNorm: our choices). The rotation still acts on the raw h.
         self.in_norm = make_norm(cfg) if cfg.norm.sublayer_input == "norm" else None
         self._record_r: Optional[list] = None    # calibrate() collects the raw steps r here
         self.bound = cfg.norm.angle_bound()      # the largest angle the rule can produce (its Options say)
@@ -404,6 +404,10 @@ class GeoNorm(_SphereVariant):
         decay: str = "harmonic"       # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
         clamp: float = math.pi / 4    # angle clamp c (pi/4)
         a_init: float = 1.0           # a at init
+        # Attention and the MLP read Norm(h): GeoNorm's stream keeps the embedding's radius, so the raw h
+        # (the other choice, `raw`) makes its first attention logits ~1e-3 of Pre-LN's (our choice; the
+        # paper does not say what its sublayers read; docs/step_scale_study.md).
+        sublayer_input: str = "norm"
 
         def __post_init__(self):
             if not (_is_number(self.clamp) and 0 < self.clamp <= math.pi):

@@ -42,7 +42,8 @@ VARIANTS = ["pre_ln", "peri_ln", "geonorm", "proj_spheret", "ngpt"]
 MUON_VARIANTS = ["pre_ln", "geonorm", "proj_spheret"]
 # Best setting per variant in the fidelity study (docs/fidelity_study.md, tables (a) and (b)).
 FIDELITY_BEST = {"pre_ln": {"lr": 3e-3}, "peri_ln": {"lr": 3e-3}, "proj_spheret": {"lr": 1e-3},
-                 "geonorm": {"lr": 1e-2, "optim.groups.scalars.lr_mult": 100.0},
+                 "geonorm": {"lr": 1e-2, "optim.groups.scalars.lr_mult": 100.0,
+                             "norm.sublayer_input": "raw"},   # as run (GeoNorm's default is now norm)
                  "ngpt": {"lr": 3e-3}}       # not in the fidelity study: Pre-LN's best
 LR_FACTORS = [0.5, 1.0, 2.0]
 MUON_LRS = [0.025, 0.05, 0.1]

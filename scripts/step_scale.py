@@ -25,9 +25,9 @@ DEFAULT_CELLS = {
     "pre_ln-rms1": "norm=pre_ln,norm.embed_norm=scalenorm",
     "peri_ln": "norm=peri_ln",
     "post_ln": "norm=post_ln",
-    "geonorm": "norm=geonorm",
-    "geonorm-r1-a32": "norm=geonorm,norm.embed_norm=scalenorm,norm.a_init=32",
-    "geonorm-normin": "norm=geonorm,norm.sublayer_input=norm",
+    "geonorm": "norm=geonorm",                                   # sublayers read Norm(h) (the default)
+    "geonorm-raw": "norm=geonorm,norm.sublayer_input=raw",        # sublayers read the raw stream
+    "geonorm-raw-r1-a32": "norm=geonorm,norm.sublayer_input=raw,norm.embed_norm=scalenorm,norm.a_init=32",
     "proj_spheret": "norm=proj_spheret",
     "proj_spheret-a32": "norm=proj_spheret,norm.alpha_init=32",
     "cay_spheret": "norm=cay_spheret",

@@ -258,7 +258,7 @@ def test_target_angle_calibrates_the_first_rotations_at_any_width(norm, d, n_lay
     angles = [geo[f"geo/angle/{j}"].item() for j in range(2 * n_layer)]
     assert sum(angles) / len(angles) == pytest.approx(0.2, rel=0.1)
     assert all(0.1 < a < 0.3 for a in angles)
-    plain = stream_geometry(build(norm, n_layer=n_layer, n_embd=d, block_size=32).eval(), x)
+    plain = stream_geometry(build(norm, n_layer=n_layer, n_embd=d, block_size=32, sublayer_input="raw").eval(), x)
     assert plain["geo/angle/0"].item() < 0.05                 # without it the first rotations are tiny
 
 

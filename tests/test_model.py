@@ -40,7 +40,7 @@ def expected_params(norm, d=D, n=N, v=V, t=T, first_layer="v2"):
         "sandwich": (2 * sub + 1) * ln, "peri_ln": (2 * sub + 2) * ln,
         "keel": (1 + 2 * (sub - 1)) * ln if first_layer == "v2" else (2 + 2 * (sub - 2)) * ln,
         "pre_dyt": (sub + 1) * (2 * d + 1),
-        "geonorm": 2 * sub + ln,
+        "geonorm": 2 * sub + ln + sub * ln,    # a, b; final norm; Norm(h) of each sublayer's input
         "spheret": sub + 1 + ln, "proj_spheret": sub + 1 + ln, "cay_spheret": sub + 1 + ln,
         "lns": (sub + 1) * ln, "mix_ln": (sub + 1) * ln,
         "ngpt": sub * d + n * d + n * 4 * d + v,  # alpha per sublayer, s_qk, s_v (GELU: no s_u), s_z; no norms
@@ -162,7 +162,9 @@ def test_variant_default_decays_and_steps():
 
 
 def test_geonorm_scalars_are_float_parameters_with_gradients():
-    model = build("geonorm")
+    # raw input: the sublayer outputs are small next to h, so the perturbed a stays below the clamp
+    # (with Norm(h) in, theta0 is large and a perturbed a clamps every token: no gradient reaches a, b)
+    model = build("geonorm", sublayer_input="raw")
     _perturb_sphere_scalars(model)
     x, y = batch()
     model(x, y)[1].backward()
@@ -422,6 +424,9 @@ def test_a_checkpoint_config_of_the_flat_form_still_loads():
                 deepnorm_init="scaled", learn_radius=True, decay_index="block", alpha_init=1.0, a_init=2.0,
                 sublayer_input="raw", target_angle=None)
     c = GPTConfig.from_dict(flat)
-    assert c == tiny("geonorm", kind="rmsnorm", decay="sqrt", clamp=0.5, a_init=2.0)
+    assert c == tiny("geonorm", kind="rmsnorm", decay="sqrt", clamp=0.5, a_init=2.0,
+                     sublayer_input="raw")  # written before GeoNorm's default became norm
     assert GPTConfig.from_dict(c.to_dict()) == c
     assert not hasattr(c.norm, "alpha_init")  # SpheretNorm's key, stored flat but never read by GeoNorm
+    older = {k: v for k, v in flat.items() if k not in ("sublayer_input", "target_angle")}  # before those keys
+    assert GPTConfig.from_dict(older) == c    # the raw input GeoNorm had then, not today's default
