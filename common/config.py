@@ -126,6 +126,51 @@ def parse(cls, node: Any, prefix: str, keys: Optional[Mapping[str, str]] = None,
     return kw
 
 
+def union_keys(classes) -> dict:
+    """{key: the first class declaring it} over the Options classes of a group's components: the keys of
+    its schema (a group whose components each read their own keys: `norm`, `optim`)."""
+    out: dict = {}
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            out.setdefault(f.name, cls)
+    return out
+
+
+def union_docs(keys: Mapping[str, type]) -> dict:
+    """{key: its one-line doc} for union_keys' result, from the nearest class up the MRO declaring it."""
+    return {k: next((d[k] for c in cls.__mro__ if dataclasses.is_dataclass(c)
+                     for d in [field_docs(c)] if k in d), "") for k, cls in keys.items()}
+
+
+def own_options(cls, given: Mapping[str, Any], prefix: str, owner: str, known, hide: tuple = (),
+                hint: str = "") -> Any:
+    """`cls` (one component's Options) built from the keys `given` of its group. A key only another
+    component reads is one line naming `owner` (`norm.name=pre_ln`) and cls's keys (but `hide`), then
+    `hint` (`{key}` = the full key); a key no component has is an unknown key."""
+    own = [f.name for f in dataclasses.fields(cls)]
+    listed = ", ".join(k for k in own if k not in hide) or "none"
+    foreign = [k for k in given if k not in own]
+    typos = [k for k in foreign if k not in known]
+    if typos:
+        raise ConfigError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in typos)}: valid keys are {listed}")
+    if foreign:
+        bad(f"{prefix}.{foreign[0]}", given[foreign[0]], f"not an option of {owner} (its options: {listed})"
+            + hint.format(key=f"{prefix}.{foreign[0]}"))
+    return build(cls, given, prefix)
+
+
+def set_values(node: Mapping) -> dict:
+    """The values of a group that are set: nulls dropped, in nested groups too (a nested group left all
+    null is dropped). In a group whose components read their own keys, null means the component's default."""
+    out = {}
+    for k, v in node.items():
+        if isinstance(v, Mapping):
+            v = set_values(v) or None
+        if v is not None:
+            out[k] = v
+    return out
+
+
 def build(cls, node: Any, prefix: str, error: Type[UserError] = ConfigError):
     """The dataclass `cls` from a config group `prefix` (absent keys take the dataclass's defaults)."""
     kw = parse(cls, node, prefix, error=error)

@@ -8,13 +8,12 @@ differs.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Mapping, Optional
 
 from common import ConfigError
-from common.config import bad, build, defaults, field_docs, parse, to_plain
+from common.config import bad, build, defaults, own_options, parse, to_plain, union_docs, union_keys
 
 from .init import INITS
 from .variants import VARIANTS, NormOptions, get_variant
@@ -31,29 +30,16 @@ def norm_options(node: Any) -> NormOptions:
     given = {k: v for k, v in to_plain(node).items() if v is not None}
     name = given.setdefault("name", NormOptions.name)
     cls = get_variant(name).Options  # an unknown name raises ConfigError listing the valid ones
-    own = [f.name for f in fields(cls)]
-    foreign = [k for k in given if k not in own]
-    opts = build(cls, {k: v for k, v in given.items() if k in own}, "norm") if not foreign else None
-    typos = [k for k in foreign if k not in norm_group_keys()]
-    if typos:  # a key no variant has
-        raise ConfigError(f"unknown key(s) {', '.join(f'norm.{k}' for k in typos)}: valid keys are {', '.join(own)}")
-    unread = foreign or opts.unread(set(given))
-    if unread:
-        k = unread[0]
-        reason = ("read only with norm.embed_norm=scalenorm" if k == "learn_radius" and not foreign
-                  else f"not an option of norm.name={name}")
-        bad(f"norm.{k}", given[k], f"{reason} (its options: {', '.join(own)})")
+    opts = own_options(cls, given, "norm", f"norm.name={name}", norm_group_keys())
+    for k in opts.unread(set(given)):
+        bad(f"norm.{k}", given[k], f"read only with norm.embed_norm=scalenorm (its options: "
+                                   f"{', '.join(f.name for f in fields(cls))})")
     return opts
 
 
 def norm_group_keys() -> dict:
     """{key: the Options class that declares it first} over every registered variant: the `norm` schema."""
-    out: dict = {}
-    for name in VARIANTS:
-        cls = get_variant(name).Options
-        for f in fields(cls):
-            out.setdefault(f.name, cls)
-    return out
+    return union_keys(get_variant(name).Options for name in VARIANTS)
 
 
 @dataclass
@@ -210,7 +196,4 @@ def norm_group_defaults() -> dict:
 
 def norm_group_docs() -> dict:
     """{key: its one-line doc} for `--help`, from the class that declares it."""
-    def doc(key, cls):  # the nearest class up the MRO whose source line declares the key
-        return next((d[key] for c in cls.__mro__ if dataclasses.is_dataclass(c)
-                     for d in [field_docs(c)] if key in d), "")
-    return {k: doc(k, cls) for k, cls in norm_group_keys().items()}
+    return union_docs(norm_group_keys())

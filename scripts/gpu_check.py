@@ -30,7 +30,7 @@ import torch
 import yaml
 
 from model import GPT, VARIANTS, GPTConfig
-from trainer.config import OptimConfig
+from trainer.config import optim_config
 from trainer.monitor import peak_flops
 from trainer.optim import build_optimizer
 
@@ -58,7 +58,7 @@ def _batches(vocab, block, batch, n, seed=0):
 
 def _train_steps(ctx, model, batches, compile_backend=None):
     """Losses of len(batches) AdamW steps (the repo's optimizer, fused where torch has it)."""
-    opt = build_optimizer(model, OptimConfig(lr=1e-3), ctx.device)
+    opt = build_optimizer(model, optim_config(dict(lr=1e-3)), ctx.device)
     fwd = torch.compile(model, backend=compile_backend) if compile_backend else model
     losses = []
     for b in batches:
@@ -93,7 +93,7 @@ def check_fused_skip(ctx, args):
     t0 = time.time()
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=256, block_size=32, n_layer=2, n_head=2, n_embd=64)).to(ctx.device)
-    opt = build_optimizer(model, OptimConfig(lr=1e-3), ctx.device)
+    opt = build_optimizer(model, optim_config(dict(lr=1e-3)), ctx.device)
     params = [p for p in model.parameters() if p.requires_grad]
     x = torch.randint(0, 256, (4, 33), device=ctx.device)
 
@@ -198,7 +198,7 @@ def check_throughput(ctx, args):
     torch.manual_seed(0)
     model = GPT(cfg).to(ctx.device)
     batches = _batches(vocab, block, batch, 3 + steps)
-    opt = build_optimizer(model, OptimConfig(lr=1e-4), ctx.device)
+    opt = build_optimizer(model, optim_config(dict(lr=1e-4)), ctx.device)
     fwd = torch.compile(model, backend=ctx.backend)
 
     def step(b):
@@ -251,7 +251,7 @@ def check_memory(ctx, args):
                     torch.cuda.reset_peak_memory_stats(ctx.device)
                 with ctx.device:  # initialise on the device: a 1.3B model inits slowly on a CPU
                     model = GPT(cfg)
-                opt = build_optimizer(model, OptimConfig(), ctx.device)
+                opt = build_optimizer(model, optim_config(), ctx.device)
                 b = _batches(vocab, m["block_size"], micro, 1)[0].to(ctx.device)
                 with ctx.autocast():
                     _, loss = model(b[:, :-1], b[:, 1:])

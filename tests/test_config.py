@@ -12,12 +12,14 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from common import ConfigError
-from common.config import build, defaults, field_docs
+from common.config import build, field_docs
 from data.config import DataConfig
 from evaluation.config import EvalConfig
 from model.config import GPTConfig, ModelGroup
 from model.variants import VARIANTS
-from trainer.config import GroupConfig, LoggingConfig, MuonConfig, OptimConfig, TrainConfig, WandbConfig, parse_run_config
+from trainer.config import (GroupConfig, LoggingConfig, OptimConfig, TrainConfig, WandbConfig, optim_config,
+                            parse_run_config)
+from trainer.optim import MuonSettings
 from trainer.config_store import composition_error_line, group_defaults, register_code_configs
 
 REPO = Path(__file__).resolve().parents[1]
@@ -43,10 +45,10 @@ def test_keys_missing_from_the_yaml_are_overridden_without_plus():
 def test_default_composition_is_the_dataclass_defaults():
     cfg = composed("logging.wandb.mode=offline")
     rc = parse_run_config(cfg)
-    assert rc.train == TrainConfig() and rc.optim == OptimConfig() and rc.logging == LoggingConfig()
+    assert rc.train == TrainConfig() and rc.optim == optim_config() and rc.logging == LoggingConfig()
     muon = parse_run_config(composed("optim=muon")).optim  # a partial `groups` keeps the other defaults
     assert muon.groups.vectors == GroupConfig(lr_mult=5.0, weight_decay=0.0) and muon.groups.matrices == GroupConfig()
-    assert muon.muon == MuonConfig()
+    assert muon.muon == MuonSettings()
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -153,10 +155,14 @@ def test_experiment_files_hold_only_what_differs_from_what_they_compose():
 
 
 def test_every_config_field_has_a_one_line_doc():
-    for cls in (GPTConfig, ModelGroup, DataConfig, TrainConfig, OptimConfig, GroupConfig, MuonConfig, LoggingConfig,
-                WandbConfig, EvalConfig):
-        docs = field_docs(cls)
-        assert set(docs) == set(defaults(cls)), (cls.__name__, set(defaults(cls)) - set(docs))
+    from trainer.optim import OPTIMIZERS
+    from trainer.schedules import SCHEDULES
+
+    for cls in (GPTConfig, ModelGroup, DataConfig, TrainConfig, OptimConfig, GroupConfig, MuonSettings, LoggingConfig,
+                WandbConfig, EvalConfig, *(o.Options for o in OPTIMIZERS.values()),
+                *(s.Options for s in SCHEDULES.values())):
+        own = set(vars(cls).get("__annotations__", {}))  # the fields this class declares (not inherited)
+        assert own <= set(field_docs(cls)), (cls.__qualname__, own - set(field_docs(cls)))
 
 
 def test_builder_refuses_null_and_unknown_keys_in_nested_groups():
@@ -200,3 +206,25 @@ def test_the_cli_cache_is_keyed_on_its_sources(tmp_path, monkeypatch):
     assert cli_cache.cached("x", make) == {"v": 1} and cli_cache.cached("x", make) == {"v": 1}
     src.write_text("A = 2\n")  # a changed source: a new key, computed again
     assert cli_cache.cached("x", make) == {"v": 2} and len(calls) == 2
+
+
+def test_optimizer_and_schedule_keys_belong_to_their_component():
+    from trainer.schedules import SCHEDULES
+
+    with pytest.raises(ConfigError, match=r"^bad config optim.decay_frac=0.4: not an option of optim.schedule=cosine "
+                                          r"\(its options: none\); optim.decay_frac=null drops a value"):
+        optim_config({"name": "muon", "schedule": "cosine", "decay_frac": 0.4})
+    assert optim_config({"name": "muon", "schedule": "cosine", "decay_frac": None}).schedule == SCHEDULES["cosine"].Options()
+    assert optim_config({"schedule": "wsd", "decay_frac": 0.4}).schedule.decay_frac == 0.4
+    with pytest.raises(ConfigError, match=r"^bad config optim.muon=\{'lr': 0.1\}: not an option of optim.name=adamw"):
+        optim_config({"muon": {"lr": 0.1}})
+    assert optim_config({"name": "muon", "muon": {"lr": 0.1, "momentum": None}}).muon.momentum == 0.95  # null: default
+    with pytest.raises(ConfigError, match=r"^bad config optim.decay_frac=0.0: must be in \(0, 1\]$"):
+        optim_config({"schedule": "wsd", "decay_frac": 0.0})
+
+
+def test_every_group_is_validated_when_built():
+    with pytest.raises(ConfigError, match=r"^bad config train.max_steps=0: must be a positive integer$"):
+        TrainConfig(max_steps=0)
+    with pytest.raises(ConfigError, match=r"^bad config logging.spike_k=0: must be > 0$"):
+        LoggingConfig(spike_k=0)

@@ -61,42 +61,66 @@ def test_new_variant_option_is_one_field(tmp_path, scaled_pre_ln):
 
 
 def test_new_lr_schedule_is_one_class(tmp_path):
-    @SCHEDULES.register("step_half")
-    class StepHalf(Schedule):
-        """lr until half of the steps, then lr / 2."""
+    from trainer.schedules import ScheduleOptions
+
+    @SCHEDULES.register("step_down")
+    class StepDown(Schedule):
+        """lr until half of the steps, then lr x `optim.drop_to`: its own key, one field."""
+
+        @dataclass(frozen=True)
+        class Options(ScheduleOptions):
+            drop_to: float = 0.5          # the lr factor after half of the steps
 
         def main(self, u, ops):
-            return ops.where(u < self.max_steps / 2, u * 0 + self.lr, u * 0 + self.lr / 2)
+            return ops.where(u < self.max_steps / 2, u * 0 + self.lr, u * 0 + self.lr * self.options.drop_to)
     try:
-        r = train(make_cfg(tmp_path / "r", "optim.schedule=step_half", "optim.warmup_steps=0", "optim.lr=0.01",
-                           "train.max_steps=4"))
+        r = train(make_cfg(tmp_path / "r", "optim.schedule=step_down", "optim.drop_to=0.25", "optim.warmup_steps=0",
+                           "optim.lr=0.01", "train.max_steps=4"))
         assert r["steps"] == 4
         lrs = [rec["lr"] for rec in records(tmp_path / "r", "train")]
-        assert lrs == pytest.approx([0.01, 0.01, 0.005, 0.005])
+        assert lrs == pytest.approx([0.01, 0.01, 0.0025, 0.0025])
+        with pytest.raises(ConfigError, match=r"^bad config optim.drop_to=0.25: not an option of "
+                                              r"optim.schedule=cosine \(its options: none"):
+            train(make_cfg(tmp_path / "bad", "optim.drop_to=0.25"))
     finally:
-        unregister(SCHEDULES, "step_half")
-    with pytest.raises(ConfigError, match=r"unknown optim.schedule='step_half': valid are cosine, wsd, constant"):
-        train(make_cfg(tmp_path / "bad", "optim.schedule=step_half"))
+        unregister(SCHEDULES, "step_down")
+    with pytest.raises(ConfigError, match=r"unknown optim.schedule='step_down': valid are cosine, wsd, constant"):
+        train(make_cfg(tmp_path / "bad", "optim.schedule=step_down"))
 
 
-def test_new_optimizer_is_one_function(tmp_path):
+def test_new_optimizer_is_one_class(tmp_path):
     import torch
 
+    from trainer.config import OptimConfig
     from trainer.optim import OPTIMIZERS, Optimizer, group_settings
 
     @OPTIMIZERS.register("sgd")
-    def sgd(model, ocfg, device):
-        """Plain SGD over the model's parameter groups, each with its lr multiplier (no fused kernel)."""
-        settings = group_settings(ocfg)
-        groups = [{"params": [p for _, p in named], "group": g, "lr_mult": settings[g][0], "lr": ocfg.lr}
-                  for g, named in model.parameter_groups().items() if named]
-        inner = torch.optim.SGD(groups, lr=ocfg.lr)
-        return Optimizer(inner, torch.tensor(ocfg.lr), [torch.tensor(ocfg.lr) for _ in groups], settings, fused=False)
+    class SGD:
+        """SGD with momentum over the model's parameter groups, each with its lr multiplier."""
+
+        @dataclass(frozen=True)
+        class Options(OptimConfig):
+            momentum: float = 0.0         # SGD momentum
+
+        @staticmethod
+        def build(model, ocfg, device):
+            settings = group_settings(ocfg)
+            groups = [{"params": [p for _, p in named], "group": g, "lr_mult": settings[g][0], "lr": ocfg.lr}
+                      for g, named in model.parameter_groups().items() if named]
+            inner = torch.optim.SGD(groups, lr=ocfg.lr, momentum=ocfg.momentum)
+            return Optimizer(inner, torch.tensor(ocfg.lr), [torch.tensor(ocfg.lr) for _ in groups], settings,
+                             fused=False)
     try:
-        r = train(make_cfg(tmp_path / "r", "optim.name=sgd", "optim.lr=0.1", "train.max_steps=3"))
+        r = train(make_cfg(tmp_path / "r", "optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.1",
+                           "train.max_steps=3"))
         assert r["steps"] == 3
         lrs = [rec["lr"] for rec in records(tmp_path / "r", "train")]
         assert lrs[0] < lrs[1] and all(x > 0 for x in lrs)  # the schedule's warmup drives it like the others
+        with pytest.raises(ConfigError, match=r"^bad config optim.momentum=0.9: not an option of optim.name=adamw"):
+            train(make_cfg(tmp_path / "bad", "optim.momentum=0.9"))
+        with pytest.raises(ConfigError, match=r"^bad config optim.betas=\[0.9, 0.99\]: not an option of "
+                                              r"optim.name=sgd"):
+            train(make_cfg(tmp_path / "bad", "optim.name=sgd", "optim.betas=[0.9,0.99]"))
     finally:
         unregister(OPTIMIZERS, "sgd")
     with pytest.raises(ConfigError, match=r"unknown optim.name='sgd': valid are adamw, muon"):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from trainer.config import ConfigError, MuonConfig, OptimConfig
+from trainer.config import ConfigError, optim_config
 from trainer.loop import train
 from trainer.optim import MuonAdamW, build_optimizer
 
@@ -22,7 +22,7 @@ def tiny(arch_kw=None):
 
 def test_q_k_v_are_orthogonalized_as_separate_matrices():
     model = tiny()
-    ocfg = OptimConfig(name="muon", lr=0.01, weight_decay=0.0, muon=MuonConfig(lr=0.05))
+    ocfg = optim_config(dict(name="muon", lr=0.01, weight_decay=0.0, muon=dict(lr=0.05)))
     opt = build_optimizer(model, ocfg, torch.device("cpu"))
     opt.set_lr(torch.tensor(0.01))
     x = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(1))
@@ -54,7 +54,7 @@ def test_q_k_v_are_orthogonalized_as_separate_matrices():
 
 def test_muon_lr_follows_the_schedule_shape():
     model = tiny()
-    opt = build_optimizer(model, OptimConfig(name="muon", lr=0.008, muon=MuonConfig(lr=0.05)), torch.device("cpu"))
+    opt = build_optimizer(model, optim_config(dict(name="muon", lr=0.008, muon=dict(lr=0.05))), torch.device("cpu"))
     opt.set_lr(torch.tensor(0.004))  # half the peak
     lrs = {g["group"]: float(g["lr"]) for g in opt.param_groups}
     assert lrs["matrices"] == pytest.approx(0.025) and lrs["embeddings"] == pytest.approx(0.004)
@@ -88,4 +88,4 @@ def test_muon_errors_are_one_line(tmp_path, monkeypatch):
         train(make_cfg(tmp_path / "b", "optim=muon", "optim.muon.momentum=1.5"))
     monkeypatch.delattr(torch.optim, "Muon")
     with pytest.raises(ConfigError, match=r"optim=muon needs torch >= 2.9 \(torch.optim.Muon\); this is torch "):
-        MuonAdamW(tiny(), OptimConfig(name="muon"), torch.device("cpu"))
+        MuonAdamW(tiny(), optim_config(dict(name="muon")), torch.device("cpu"))

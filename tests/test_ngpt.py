@@ -8,7 +8,7 @@ import torch
 from model import GPT, GPTConfig, VARIANTS
 from model.variants import NGPT, PreLN
 from runtime import checkpoint as ck
-from trainer.config import OptimConfig
+from trainer.config import optim_config
 from trainer.loop import train
 from trainer.optim import LRSchedule, build_optimizer, for_variant
 
@@ -61,12 +61,12 @@ def test_states_stay_unit_norm_and_the_hook_renormalizes(arch):
 
 
 def test_variant_fixes_no_weight_decay_and_no_warmup():
-    o = for_variant(OptimConfig(weight_decay=0.1, warmup_steps=50), NGPT)
+    o = for_variant(optim_config(dict(weight_decay=0.1, warmup_steps=50)), NGPT)
     assert o.weight_decay == 0.0 and o.warmup_steps == 0
     opt = build_optimizer(tiny(), o, torch.device("cpu"))
     assert all(g["weight_decay"] == 0.0 for g in opt.param_groups)
     assert LRSchedule(o, 100)(0.0) == o.lr
-    assert for_variant(OptimConfig(), PreLN) == OptimConfig()          # other variants: untouched
+    assert for_variant(optim_config(), PreLN) == optim_config()          # other variants: untouched
 
 
 @pytest.mark.slow

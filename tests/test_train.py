@@ -18,7 +18,7 @@ from trainer.config import ConfigError
 from trainer.loop import train
 from trainer.monitor import SpikeDetector
 from trainer.optim import LRSchedule, build_optimizer
-from trainer.config import OptimConfig
+from trainer.config import optim_config
 from trainer.sinks import wandb_row
 
 from helpers import RecordingSink, make_cfg, records, run_with_a_nan_step
@@ -186,12 +186,12 @@ def test_spike_detector_on_synthetic_series():
 
 def test_lr_schedules_and_weight_decay_groups():
     base = dict(lr=1.0, min_lr=0.1, warmup_steps=10)
-    cos = LRSchedule(OptimConfig(schedule="cosine", **base), max_steps=110)
+    cos = LRSchedule(optim_config(dict(schedule="cosine", **base)), max_steps=110)
     assert cos(0.0) == pytest.approx(1 / 11) and cos(10.0) == pytest.approx(1.0) and cos(110.0) == pytest.approx(0.1)
     assert cos(60.0) == pytest.approx(0.55)
-    wsd = LRSchedule(OptimConfig(schedule="wsd", decay_frac=0.2, **base), max_steps=100)
+    wsd = LRSchedule(optim_config(dict(schedule="wsd", decay_frac=0.2, **base)), max_steps=100)
     assert wsd(50.0) == 1.0 and wsd(80.0) == 1.0 and wsd(90.0) == pytest.approx(0.55) and wsd(100.0) == pytest.approx(0.1)
-    const = LRSchedule(OptimConfig(schedule="constant", **base), max_steps=100)
+    const = LRSchedule(optim_config(dict(schedule="constant", **base)), max_steps=100)
     assert const(99.0) == 1.0
     # The tensor path (the hot loop) computes the same values.
     for s in (cos, wsd, const):
@@ -199,7 +199,7 @@ def test_lr_schedules_and_weight_decay_groups():
             assert s(torch.tensor(u, dtype=torch.float64)).item() == pytest.approx(s(u))
     from model import GPT, GPTConfig
     m = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=1, n_embd=8))
-    opt = build_optimizer(m, OptimConfig(weight_decay=0.1), torch.device("cpu"))
+    opt = build_optimizer(m, optim_config(dict(weight_decay=0.1)), torch.device("cpu"))
     wd = {g["group"]: g["weight_decay"] for g in opt.param_groups}
     assert wd == {"matrices": 0.1, "embeddings": 0.1, "vectors": 0.0}  # pre_ln has no scalars
 

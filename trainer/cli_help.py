@@ -13,45 +13,64 @@ from pathlib import Path
 
 
 def _docs(cls, prefix: str, keys: dict | None = None) -> dict:
-    """{dotted key: doc} of a dataclass, nested dataclasses included."""
+    """{dotted key: doc} of a dataclass, nested dataclasses included; `keys` maps keys to the class that
+    reads them where a group's components each read their own (`norm`, `optim`)."""
     from common.config import field_docs
 
-    own, hints = field_docs(cls), typing.get_type_hints(cls)
     out = {}
-    for key, name in (keys or {f.name: f.name for f in dataclasses.fields(cls)}).items():
-        out[f"{prefix}.{key}"] = own.get(name, "")
-        if dataclasses.is_dataclass(hints[name]):
-            out.update(_docs(hints[name], f"{prefix}.{key}"))
+    for key, owner in (keys or {f.name: cls for f in dataclasses.fields(cls)}).items():
+        c = next((c for c in owner.__mro__ if dataclasses.is_dataclass(c) and key in field_docs(c)), owner)
+        out[f"{prefix}.{key}"] = field_docs(c).get(key, "")
+        t = typing.get_type_hints(owner).get(key)
+        if dataclasses.is_dataclass(t):
+            out.update(_docs(t, f"{prefix}.{key}"))
     return out
 
 
 def _all_docs() -> dict:
     from data.config import DataConfig
-    from model.config import MODEL_KEYS, GPTConfig, ModelGroup, norm_group_docs
+    from model.config import MODEL_KEYS, GPTConfig, ModelGroup, norm_group_keys
 
-    from .config import LoggingConfig, OptimConfig, TrainConfig
+    from .config import LoggingConfig, TrainConfig
+    from .optim import optim_group_keys
 
-    return {**_docs(GPTConfig, "model", MODEL_KEYS), **_docs(ModelGroup, "model"),
-            **{f"norm.{k}": doc for k, doc in norm_group_docs().items()},
-            **_docs(DataConfig, "data"), **_docs(TrainConfig, "train"), **_docs(OptimConfig, "optim"),
-            **_docs(LoggingConfig, "logging")}
+    return {**_docs(GPTConfig, "model", {k: GPTConfig for k in MODEL_KEYS}), **_docs(ModelGroup, "model"),
+            **_docs(None, "norm", norm_group_keys()), **_docs(DataConfig, "data"), **_docs(TrainConfig, "train"),
+            **_docs(None, "optim", optim_group_keys()), **_docs(LoggingConfig, "logging")}
 
 
-def _norm_shown(node: dict) -> tuple[dict, dict]:
-    """The `norm` group as the default variant resolves it; a key it does not read shows the default
-    of the first variant that does, and its doc names those variants."""
-    from model.config import norm_options
-    from model.variants import VARIANTS, get_variant
+def _optim_flat(o) -> dict:
+    d = dataclasses.asdict(o)
+    sched = d.pop("schedule")
+    return {**d, **sched, "schedule": sched["name"], "name": d["name"]}
 
-    opts = dataclasses.asdict(norm_options(node))
+
+def _shown(group: str, node: dict) -> tuple[dict, dict]:
+    """A group whose components read their own keys (`norm`, `optim`) as its default components resolve
+    it; a key they do not read shows the default of the first component that does, and its doc names
+    the components that read it."""
+    if group == "norm":
+        from model.config import norm_options
+        from model.variants import VARIANTS, get_variant
+
+        resolve = lambda n: dataclasses.asdict(norm_options(n))  # noqa: E731
+        choices = {n: ("name", get_variant(n).Options) for n in VARIANTS}
+    else:
+        from .optim import OPTIMIZERS, optim_config
+        from .schedules import SCHEDULES
+
+        resolve = lambda n: _optim_flat(optim_config(n))  # noqa: E731
+        choices = {**{n: ("name", o.Options) for n, o in OPTIMIZERS.items()},
+                   **{n: ("schedule", s.Options) for n, s in SCHEDULES.items()}}
+    opts = resolve(node)
     shown, readers = {}, {}
     for k in node:
         if k in opts:
             shown[k] = opts[k]
             continue
-        names = [n for n in VARIANTS if k in {f.name for f in dataclasses.fields(get_variant(n).Options)}]
-        shown[k] = dataclasses.asdict(norm_options({"name": names[0]}))[k]
-        readers[f"norm.{k}"] = f"[{', '.join(names)}] "
+        names = [n for n, (_, cls) in choices.items() if k in {f.name for f in dataclasses.fields(cls)}]
+        shown[k] = resolve({choices[names[0]][0]: names[0]})[k]
+        readers[f"{group}.{k}"] = f"[{', '.join(names)}] "
     return shown, readers
 
 
@@ -63,7 +82,7 @@ def _flat(node, prefix: str) -> list[tuple[str, object]]:
 
 
 def _show(v) -> str:
-    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(list(v) if isinstance(v, tuple) else v)
 
 
 def config_help(config_dir: Path) -> str:
@@ -94,12 +113,14 @@ def config_help(config_dir: Path) -> str:
         lines.append(f"  {group + '=':<12} {shown}")
     docs = _all_docs()
     lines += ["", "Options (key=default  doc), as the default groups compose them:"]
-    cfg["norm"], readers = _norm_shown(cfg["norm"])
+    (cfg["norm"], readers), (cfg["optim"], optim_readers) = _shown("norm", cfg["norm"]), _shown("optim", cfg["optim"])
+    readers.update(optim_readers)
     for group in ("train", "optim", "logging", "model", "norm", "data"):
         lines += ["", f"{group}.*  (defaults: {group}={defaults.get(group, '')})"]
         for key, value in _flat(cfg[group], group):
             left = f"  {key}={_show(value)}"
-            lines.append(f"{left:<40} {readers.get(key, '')}{docs.get(key, '')}".rstrip())
+            reader = next((r for k, r in readers.items() if key == k or key.startswith(k + ".")), "")
+            lines.append(f"{left:<40} {reader}{docs.get(key, '')}".rstrip())
     lines += ["", "Top level (where the run goes):"]
     for key in ("run_name", "out_dir"):
         m = re.search(rf"^{key}:\s*(.*)$", top, flags=re.M)

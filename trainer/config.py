@@ -7,8 +7,6 @@ error type the model config uses, so train.py reports both alike).
 """
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -17,10 +15,10 @@ from omegaconf import DictConfig
 from common import ConfigError
 from common.config import bad as _bad, build
 
-from .schedules import SCHEDULES
+from .optim import GroupConfig, GroupsConfig, OptimConfig, optim_config  # noqa: F401  (re-exported)
 
 __all__ = ["ConfigError", "TrainConfig", "OptimConfig", "LoggingConfig", "WandbConfig", "RunConfig",
-           "parse_run_config"]
+           "optim_config", "parse_run_config"]
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class TrainConfig:
     inject_nan_at: Optional[int] = None   # debugging: the loss is NaN from this step on (the non-finite guard; trainer/faults.py)
     inject_nan_steps: int = 1             # ... for this many consecutive steps
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         _choice("train.device", self.device, ("auto", "cpu", "cuda"))
         _choice("train.precision", self.precision, ("auto", "bf16", "fp16", "fp32"))
         _choice("train.compile", self.compile, ("auto", True, False))
@@ -68,94 +66,6 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
-class GroupConfig:
-    """One optimizer parameter group: lr = the schedule's lr x lr_mult; weight_decay null = optim.weight_decay."""
-    lr_mult: float = 1.0                  # lr = the schedule's lr x lr_mult
-    weight_decay: Optional[float] = None  # null = optim.weight_decay
-
-    def validate(self, key: str) -> None:
-        if not (0 < self.lr_mult < math.inf):
-            _bad(f"{key}.lr_mult", self.lr_mult, "must be a finite number > 0")
-        if self.weight_decay is not None and not (self.weight_decay >= 0):
-            _bad(f"{key}.weight_decay", self.weight_decay, "must be >= 0 (or null: optim.weight_decay)")
-
-
-@dataclass(frozen=True)
-class GroupsConfig:
-    """The model's parameter groups (GPT.parameter_groups). Defaults = plain AdamW with decay on
-    matrices and embeddings only (nanoGPT's p.dim() >= 2 rule)."""
-    matrices: GroupConfig = field(default_factory=GroupConfig)    # attention/MLP weights (Muon's group under optim=muon)
-    embeddings: GroupConfig = field(default_factory=GroupConfig)  # token/position embeddings, untied head
-    vectors: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))  # norm gains/biases, biases
-    scalars: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))  # learned step sizes (a, b, rho, g)
-
-    @staticmethod
-    def names() -> tuple:
-        return tuple(f.name for f in dataclasses.fields(GroupsConfig))
-
-    def validate(self) -> None:
-        for name in self.names():
-            getattr(self, name).validate(f"optim.groups.{name}")
-
-
-@dataclass(frozen=True)
-class MuonConfig:
-    """optim=muon: torch.optim.Muon's settings for the matrices group (lr x the schedule's shape)."""
-    lr: float = 0.05                      # Muon lr; optim.groups.matrices.lr_mult multiplies it
-    momentum: float = 0.95                # Muon momentum
-    nesterov: bool = True                 # Nesterov momentum
-    ns_steps: int = 5                     # Newton-Schulz iterations
-
-    def validate(self) -> None:
-        if not (0 < self.lr < math.inf):
-            _bad("optim.muon.lr", self.lr, "must be a finite number > 0")
-        if not (0 <= self.momentum < 1):
-            _bad("optim.muon.momentum", self.momentum, "must be in [0, 1)")
-        _positive("optim.muon.ns_steps", self.ns_steps)
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    name: str = "adamw"                   # adamw | muon (Muon for the matrices group, AdamW for the rest): trainer/optim.py
-    lr: float = 1e-3                      # peak learning rate of the schedule
-    min_lr: float = 1e-4                  # floor: cosine decays to it, wsd's final decay ends at it
-    betas: tuple = (0.9, 0.95)            # AdamW betas
-    eps: float = 1e-8                     # AdamW epsilon
-    weight_decay: float = 0.1             # decoupled weight decay (groups with weight_decay null)
-    grad_clip: float = 1.0                # max global grad norm; 0 = no clipping (the norm is still logged)
-    schedule: str = "cosine"              # cosine | wsd | constant
-    warmup_steps: int = 50                # linear warmup (all schedules)
-    decay_frac: float = 0.2               # wsd: the last fraction of train.max_steps decays linearly to min_lr
-    fused: Union[str, bool] = "auto"      # auto (fused where supported) | true | false (for-loop AdamW, slower)
-    groups: GroupsConfig = field(default_factory=GroupsConfig)  # per parameter group: lr = schedule x lr_mult
-    muon: MuonConfig = field(default_factory=MuonConfig)        # optim=muon: the matrices group's optimizer
-
-    def validate(self) -> None:
-        from .optim import OPTIMIZERS  # the registry (optim.py reads this module: imported late)
-        OPTIMIZERS[self.name]  # an unknown name raises one line listing the valid ones
-        self.muon.validate()
-        SCHEDULES[self.schedule]  # an unknown name raises one line listing the valid ones
-        _choice("optim.fused", self.fused, ("auto", True, False))
-        if not (self.lr > 0):
-            _bad("optim.lr", self.lr, "must be > 0")
-        if not (0 <= self.min_lr <= self.lr):
-            _bad("optim.min_lr", self.min_lr, f"must be in [0, optim.lr={self.lr}]")
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            _bad("optim.betas", list(self.betas), "must be two numbers in [0, 1)")
-        if not (self.eps > 0):
-            _bad("optim.eps", self.eps, "must be > 0")
-        if not (self.weight_decay >= 0):
-            _bad("optim.weight_decay", self.weight_decay, "must be >= 0")
-        if not (self.grad_clip >= 0):
-            _bad("optim.grad_clip", self.grad_clip, "must be >= 0 (0 = no clipping)")
-        if self.warmup_steps < 0:
-            _bad("optim.warmup_steps", self.warmup_steps, "must be >= 0")
-        if not (0 < self.decay_frac <= 1):
-            _bad("optim.decay_frac", self.decay_frac, "must be in (0, 1]")
-        self.groups.validate()
-
-
-@dataclass(frozen=True)
 class WandbConfig:
     mode: str = "offline"                 # online | offline | disabled (configs/logging: $WANDB_MODE)
     project: str = "nanonorm"             # wandb project
@@ -164,7 +74,7 @@ class WandbConfig:
     name: Optional[str] = None            # null = run_name
     tags: tuple = ()                      # wandb tags
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         _choice("logging.wandb.mode", self.mode, ("online", "offline", "disabled"))
 
 
@@ -178,7 +88,7 @@ class LoggingConfig:
     console: bool = True                  # print progress on rank 0
     wandb: WandbConfig = field(default_factory=WandbConfig)  # wandb sink (metrics.jsonl is always written)
 
-    def validate(self) -> None:
+    def __post_init__(self) -> None:
         for k in ("log_interval", "stats_interval", "spike_window"):
             _positive(f"logging.{k}", getattr(self, k))
         if not (self.spike_k > 0):
@@ -186,7 +96,6 @@ class LoggingConfig:
         if not (2 <= self.spike_min_history <= self.spike_window):
             _bad("logging.spike_min_history", self.spike_min_history,
                  f"must be in [2, logging.spike_window={self.spike_window}]")
-        self.wandb.validate()
 
 
 @dataclass(frozen=True)
@@ -209,11 +118,8 @@ def parse_run_config(cfg: DictConfig) -> RunConfig:
     for g in ("train", "optim", "logging"):
         if g not in cfg or cfg[g] is None:
             raise ConfigError(f"missing config group '{g}' (configs/{g}/)")
-    train, optim = build(TrainConfig, cfg.train, "train"), build(OptimConfig, cfg.optim, "optim")
+    train, optim = build(TrainConfig, cfg.train, "train"), optim_config(cfg.optim)
     logging_cfg = build(LoggingConfig, cfg.logging, "logging")
-    train.validate()
-    optim.validate()
-    logging_cfg.validate()
     model = data = None
     if "data" in cfg:
         from data.config import DataConfig

@@ -23,10 +23,11 @@ def group_defaults() -> dict:
     from data.config import DataConfig
     from model.config import model_group_defaults, norm_group_defaults
 
-    from .config import LoggingConfig, OptimConfig, TrainConfig
+    from .config import LoggingConfig, TrainConfig
+    from .optim import optim_group_defaults
 
     return {"model": model_group_defaults(), "norm": norm_group_defaults(), "data": defaults(DataConfig),
-            "train": defaults(TrainConfig), "optim": defaults(OptimConfig), "logging": defaults(LoggingConfig)}
+            "train": defaults(TrainConfig), "optim": optim_group_defaults(), "logging": defaults(LoggingConfig)}
 
 
 def register_code_configs(config_dir: Path = CONFIG_DIR, from_cache: bool = False) -> list[str]:

@@ -5,23 +5,123 @@ The model says which group each parameter is in (`GPT.parameter_groups`: matrice
 vectors, scalars); `optim.groups.<group>` gives each group an lr multiplier and a weight decay.
 The LR lives in 0-dim tensors computed on the device from a device-side count of applied updates,
 so a skipped (non-finite) step leaves the schedule where it was without a host sync. A new optimizer
-is a function under `@OPTIMIZERS.register("name")` that returns an `Optimizer`.
+is a class under `@OPTIMIZERS.register("name")` with its keys as an `Options` dataclass (extending
+OptimConfig, the keys every optimizer reads) and a `build(model, ocfg, device)` returning an `Optimizer`.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Optional
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
 
 import torch
 
 from common import ConfigError, Registry
+from common.config import bad, defaults, own_options, set_values, to_plain, union_keys
 
-from .schedules import LRSchedule  # noqa: F401  (re-exported: the loop builds its schedule here)
-
-if TYPE_CHECKING:  # type hints only: the config validates optim.name against OPTIMIZERS
-    from .config import OptimConfig
+from .schedules import SCHEDULES, LRSchedule  # noqa: F401  (LRSchedule re-exported: the loop builds it here)
 
 OPTIMIZERS = Registry("optim.name")
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """One optimizer parameter group: lr = the schedule's lr x lr_mult; weight_decay null = optim.weight_decay."""
+    lr_mult: float = 1.0                  # lr = the schedule's lr x lr_mult
+    weight_decay: Optional[float] = None  # null = optim.weight_decay
+
+    def check(self, key: str) -> None:
+        if not (0 < self.lr_mult < math.inf):
+            bad(f"{key}.lr_mult", self.lr_mult, "must be a finite number > 0")
+        if self.weight_decay is not None and not (self.weight_decay >= 0):
+            bad(f"{key}.weight_decay", self.weight_decay, "must be >= 0 (or null: optim.weight_decay)")
+
+
+@dataclass(frozen=True)
+class GroupsConfig:
+    """The model's parameter groups (GPT.parameter_groups). Defaults = plain AdamW with decay on
+    matrices and embeddings only (nanoGPT's p.dim() >= 2 rule)."""
+    matrices: GroupConfig = field(default_factory=GroupConfig)    # attention/MLP weights (Muon's group under optim=muon)
+    embeddings: GroupConfig = field(default_factory=GroupConfig)  # token/position embeddings, untied head
+    vectors: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))  # norm gains/biases, biases
+    scalars: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))  # learned step sizes (a, b, rho, g)
+
+    @staticmethod
+    def names() -> tuple:
+        return tuple(f.name for f in dataclasses.fields(GroupsConfig))
+
+    def __post_init__(self) -> None:  # each group's check names its full key
+        for name in self.names():
+            getattr(self, name).check(f"optim.groups.{name}")
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    """The `optim.*` keys every optimizer reads. Each optimizer's Options (below) extends it with
+    its own keys; `schedule` is the LR schedule's Options (its name on the command line, `optim.schedule`,
+    its keys beside the others: `optim.decay_frac`). `optim_config` builds the pair from the group."""
+    name: str = "adamw"                   # the optimizer: adamw | muon (Muon for the matrices group, AdamW for the rest)
+    lr: float = 1e-3                      # peak learning rate of the schedule
+    min_lr: float = 1e-4                  # floor: cosine decays to it, wsd's final decay ends at it
+    weight_decay: float = 0.1             # decoupled weight decay (groups with weight_decay null)
+    grad_clip: float = 1.0                # max global grad norm; 0 = no clipping (the norm is still logged)
+    schedule: Any = field(default_factory=lambda: SCHEDULES["cosine"].Options())  # the LR schedule (trainer/schedules.py): cosine | wsd | constant
+    warmup_steps: int = 50                # linear warmup (all schedules)
+    groups: GroupsConfig = field(default_factory=GroupsConfig)  # per parameter group: lr = schedule x lr_mult
+
+    def __post_init__(self) -> None:
+        if not (self.lr > 0):
+            bad("optim.lr", self.lr, "must be > 0")
+        if not (0 <= self.min_lr <= self.lr):
+            bad("optim.min_lr", self.min_lr, f"must be in [0, optim.lr={self.lr}]")
+        if not (self.weight_decay >= 0):
+            bad("optim.weight_decay", self.weight_decay, "must be >= 0")
+        if not (self.grad_clip >= 0):
+            bad("optim.grad_clip", self.grad_clip, "must be >= 0 (0 = no clipping)")
+        if self.warmup_steps < 0:
+            bad("optim.warmup_steps", self.warmup_steps, "must be >= 0")
+
+
+def optim_config(node: Any = None) -> OptimConfig:
+    """The `optim` group as the chosen optimizer's Options, holding the chosen schedule's. A null value is
+    the component's default; a key that only another optimizer or schedule reads is one line naming the
+    chosen one and its keys (`optim.decay_frac=null` drops a file's value for a schedule without it)."""
+    plain, shared = to_plain(node or {}), {f.name for f in dataclasses.fields(OptimConfig)}
+    given = {**set_values({k: v for k, v in plain.items() if k not in shared}),
+             **{k: v for k, v in plain.items() if k in shared and v is not None}}
+    name, sched = given.pop("name", OptimConfig.name), given.pop("schedule", "cosine")
+    if isinstance(sched, Mapping):  # asdict of an OptimConfig: the schedule nested under its name
+        given, sched = {**given, **{k: v for k, v in sched.items() if k != "name"}}, sched["name"]
+    schedules = union_keys(s.Options for s in SCHEDULES.values())
+    mine = {k: given.pop(k) for k in list(given) if k in schedules}
+    hint = "; {key}=null drops a value a config file set (optim=muon sets decay_frac)"
+    schedule = own_options(SCHEDULES[sched].Options, {"name": sched, **mine}, "optim", f"optim.schedule={sched}",
+                           schedules, hide=("name",), hint=hint)
+    return own_options(OPTIMIZERS[name].Options, {"name": name, **given, "schedule": schedule}, "optim",
+                       f"optim.name={name}", optim_group_keys(), hint=hint)
+
+
+def optim_group_keys() -> dict:
+    """{key: the class declaring it first} over every optimizer and schedule: the `optim` schema."""
+    out = union_keys(o.Options for o in OPTIMIZERS.values())
+    for k, cls in union_keys(s.Options for s in SCHEDULES.values()).items():
+        out.setdefault(k, cls)  # `name` is the optimizer's; the schedule's is `schedule`
+    return out
+
+
+def optim_group_defaults() -> dict:
+    """The `optim` group's Hydra schema: the shared keys at their defaults, the schedule by name, every
+    optimizer's and schedule's own key null (each component fills in its defaults: `optim_config`; a
+    nested group's keys are each null, so `optim.muon.lr=0.1` needs no `+`)."""
+    def null(v):
+        return {k: null(x) for k, x in v.items()} if isinstance(v, Mapping) else None
+    shared = defaults(OptimConfig)
+    return {k: "cosine" if k == "schedule" else shared[k] if k in shared else null(defaults(cls).get(k))
+            for k, cls in optim_group_keys().items()}
+
+
 
 
 class Optimizer:
@@ -113,21 +213,63 @@ def for_variant(ocfg: OptimConfig, variant) -> OptimConfig:
 
 def build_optimizer(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device) -> Optimizer:
     """The `optim.name` optimizer over the model's parameter groups (an unknown name: one line)."""
-    return OPTIMIZERS[ocfg.name](model, ocfg, device)
+    return OPTIMIZERS[ocfg.name].build(model, ocfg, device)
 
 
 @OPTIMIZERS.register("adamw")
-def adamw(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device) -> Optimizer:
+class AdamW:
     """AdamW over every group (fused where torch has the kernel)."""
-    opt, lr, fused = build_adamw(model, model.parameter_groups(), ocfg, device)
-    return Optimizer(opt, lr, [g["lr"] for g in opt.param_groups], group_settings(ocfg), fused)
+
+    @dataclass(frozen=True)
+    class Options(OptimConfig):
+        betas: tuple = (0.9, 0.95)            # AdamW betas
+        eps: float = 1e-8                     # AdamW epsilon
+        fused: Union[str, bool] = "auto"      # auto (fused where supported) | true | false (for-loop AdamW, slower)
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            if not any(self.fused == v and type(self.fused) is type(v) for v in ("auto", True, False)):
+                bad("optim.fused", self.fused, "valid: auto, true, false")
+            if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+                bad("optim.betas", list(self.betas), "must be two numbers in [0, 1)")
+            if not (self.eps > 0):
+                bad("optim.eps", self.eps, "must be > 0")
+
+    @staticmethod
+    def build(model: torch.nn.Module, ocfg: Options, device: torch.device) -> Optimizer:
+        opt, lr, fused = build_adamw(model, model.parameter_groups(), ocfg, device)
+        return Optimizer(opt, lr, [g["lr"] for g in opt.param_groups], group_settings(ocfg), fused)
+
+
+@dataclass(frozen=True)
+class MuonSettings:
+    """optim=muon: torch.optim.Muon's settings for the matrices group (lr x the schedule's shape)."""
+    lr: float = 0.05                      # Muon lr; optim.groups.matrices.lr_mult multiplies it
+    momentum: float = 0.95                # Muon momentum
+    nesterov: bool = True                 # Nesterov momentum
+    ns_steps: int = 5                     # Newton-Schulz iterations
+
+    def __post_init__(self) -> None:
+        if not (0 < self.lr < math.inf):
+            bad("optim.muon.lr", self.lr, "must be a finite number > 0")
+        if not (0 <= self.momentum < 1):
+            bad("optim.muon.momentum", self.momentum, "must be in [0, 1)")
+        if not isinstance(self.ns_steps, int) or self.ns_steps <= 0:
+            bad("optim.muon.ns_steps", self.ns_steps, "must be a positive integer")
 
 
 @OPTIMIZERS.register("muon")
-def muon(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device) -> Optimizer:
-    """Muon for the matrices group, AdamW for the rest (MuonAdamW)."""
-    m = MuonAdamW(model, ocfg, device)
-    return Optimizer(m, m.lr_tensor, m.group_lrs, m.group_settings, fused=False)
+class Muon:
+    """Muon for the matrices group, AdamW (its keys: AdamW's) for the rest: MuonAdamW."""
+
+    @dataclass(frozen=True)
+    class Options(AdamW.Options):
+        muon: MuonSettings = field(default_factory=MuonSettings)  # the matrices group's optimizer
+
+    @staticmethod
+    def build(model: torch.nn.Module, ocfg: Options, device: torch.device) -> Optimizer:
+        m = MuonAdamW(model, ocfg, device)
+        return Optimizer(m, m.lr_tensor, m.group_lrs, m.group_settings, fused=False)
 
 
 def build_adamw(model: torch.nn.Module, named_groups: dict, ocfg: OptimConfig,

@@ -3,16 +3,19 @@
 lr(u) for u = the number of applied updates (a skipped step does not advance it). Every schedule
 starts with the same linear warmup (`optim.warmup_steps`) and then follows its own `main(u)`. The
 same code runs on Python floats (logging, tests) and on float64 device tensors (the hot path, no
-host sync). A new schedule is one class under the decorator.
+host sync). A new schedule is one class under the decorator; its own keys (`optim.<key>`, e.g. wsd's
+`optim.decay_frac`) are the fields of its `Options`, and another schedule's key is a one-line error.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
 from common import Registry
+from common.config import bad
 
 if TYPE_CHECKING:
     from .config import OptimConfig
@@ -36,10 +39,18 @@ class _Ops:
         return torch.where(c, a, b) if self.is_tensor else (a if c else b)
 
 
+@dataclass(frozen=True)
+class ScheduleOptions:
+    """A schedule's own `optim.*` keys (`optim.schedule` is its name); subclasses add fields."""
+    name: str = "cosine"                  # the schedule (`optim.schedule` on the command line)
+
+
 class Schedule:
+    Options = ScheduleOptions
+
     def __init__(self, ocfg: "OptimConfig", max_steps: int):
         self.lr, self.min_lr, self.warmup, self.max_steps = ocfg.lr, ocfg.min_lr, ocfg.warmup_steps, max_steps
-        self.decay_frac = ocfg.decay_frac
+        self.options = ocfg.schedule
 
     def main(self, u, ops: _Ops):
         raise NotImplementedError
@@ -64,8 +75,16 @@ class Cosine(Schedule):
 class WarmupStableDecay(Schedule):
     """Stable at lr, then linear decay to min_lr over the last `optim.decay_frac` of the steps."""
 
+    @dataclass(frozen=True)
+    class Options(ScheduleOptions):
+        decay_frac: float = 0.2           # the last fraction of train.max_steps decays linearly to min_lr
+
+        def __post_init__(self):
+            if not (0 < self.decay_frac <= 1):
+                bad("optim.decay_frac", self.decay_frac, "must be in (0, 1]")
+
     def main(self, u, ops):
-        start = self.max_steps - max(1, round(self.decay_frac * self.max_steps))
+        start = self.max_steps - max(1, round(self.options.decay_frac * self.max_steps))
         r = ops.clamp((u - start) / max(1, self.max_steps - start), 0.0, 1.0)
         return self.lr + r * (self.min_lr - self.lr)
 
@@ -78,4 +97,4 @@ class Constant(Schedule):
 
 def LRSchedule(ocfg: "OptimConfig", max_steps: int) -> Schedule:
     """The schedule `ocfg.schedule` names (an unknown name raises ConfigError listing the valid ones)."""
-    return SCHEDULES[ocfg.schedule](ocfg, max_steps)
+    return SCHEDULES[ocfg.schedule.name](ocfg, max_steps)
