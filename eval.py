@@ -87,7 +87,7 @@ def evaluate(args) -> int:
         unknown = unknown_tasks(cfg.tasks, cfg.include_path)
         if unknown:
             close = "; ".join(f"{t}: did you mean {', '.join(c)}?" for t, c in unknown.items() if c)
-            raise EvalConfigError(f"bad eval config tasks: unknown task(s) {', '.join(unknown)} (in no lm-eval task "
+            raise EvalConfigError(f"bad config eval.tasks: unknown task(s) {', '.join(unknown)} (in no lm-eval task "
                                   f"file{' nor under include_path' if cfg.include_path else ''})"
                                   + (f"; {close}" if close else "") + "; `lm-eval ls tasks` lists them")
     rt = runtime.init_distributed(cfg.device, "device", cfg.dtype)
@@ -115,7 +115,7 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
     t0 = time.time()
     model, ckpt = load_model(ckpt_path, device=rt.device)
     if cfg.stride is not None and cfg.stride > model.config.block_size:
-        raise EvalConfigError(f"bad eval config stride={cfg.stride}: must be at most the model's block_size="
+        raise EvalConfigError(f"bad config eval.stride={cfg.stride}: must be at most the model's block_size="
                               f"{model.config.block_size} (tokens scored per window)")
     tokenizer = get_tokenizer(ckpt["tokenizer"])
     echo(f"eval: {ckpt_path} (step {ckpt['step']}, norm {model.config.norm.name}, {model.num_params() / 1e6:.2f}M params) "

@@ -23,7 +23,7 @@ import re
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Optional, Type, Union
+from typing import Any, Literal, Optional, Type, Union
 
 from .errors import ConfigError, UserError
 
@@ -31,7 +31,31 @@ MISSING = "???"  # OmegaConf's marker of a required value (a field without a def
 
 
 def bad(key: str, value: Any, valid: str, error: Type[UserError] = ConfigError) -> typing.NoReturn:
+    """The one error line of every config key: `bad config <key>=<value>: <what is valid>`."""
     raise error(f"bad config {key}={value!r}: {valid}")
+
+
+def literal_choices(t: Any) -> Optional[tuple]:
+    """The values a `Literal[...]` (or `Optional[Literal[...]]`) field allows; None for other types."""
+    if typing.get_origin(t) in (Union, types.UnionType):
+        t = next((a for a in typing.get_args(t) if a is not type(None)), t)
+    return typing.get_args(t) if typing.get_origin(t) is Literal else None
+
+
+def show_value(v: Any) -> str:
+    """A value as YAML writes it (true, null)."""
+    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+
+
+def check_choices(obj: Any, prefix: str, error: Type[UserError] = ConfigError) -> None:
+    """Every `Literal` field of a dataclass instance holds one of its values, else one line naming the
+    key and the valid values (from __post_init__: the choices are written once, in the annotation)."""
+    for name, t in typing.get_type_hints(type(obj)).items():
+        allowed, v = literal_choices(t), getattr(obj, name, None)
+        # `True == 1` in Python, so compare types too (compile=1 is not compile=true).
+        if allowed and not (v is None and type(None) in typing.get_args(t)) and \
+                not any(v == a and type(v) is type(a) for a in allowed):
+            bad(f"{prefix}.{name}", v, "valid: " + ", ".join(show_value(a) for a in allowed), error)
 
 
 def to_plain(node: Any) -> dict:
@@ -193,6 +217,8 @@ def _coerce(key: str, v: Any, t: Any, error: Type[UserError]) -> Any:
         return v  # several types (e.g. auto|true|false, glob|list of globs): the dataclass names the valid values
     if v is None:
         bad(key, v, "must not be null", error)
+    if origin is Literal:
+        return v  # the dataclass's __post_init__ checks the value (check_choices)
     if t is bool:
         if isinstance(v, bool):
             return v

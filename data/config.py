@@ -6,15 +6,12 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
-from common.config import build
+from common.config import bad as common_bad, build, check_choices
 
 from .errors import DataError
 from .sources import SOURCES
-
-SAMPLE_BY = ("document", "paragraph", "line")
-
 
 @dataclass
 class DataConfig:
@@ -32,7 +29,7 @@ class DataConfig:
     cache_dir: Optional[str] = None   # datasets cache (HF_DATASETS_CACHE if null)
     files: Union[str, list, None] = None      # local: glob or list of globs of .txt / .jsonl / .json / .parquet
     val_files: Union[str, list, None] = None  # local: own validation files; null: hold out val_fraction
-    txt_sample_by: str = "document"   # .txt: one document per file | paragraph (blank-line separated) | line
+    txt_sample_by: Literal["document", "paragraph", "line"] = "document"  # .txt: one document per file, per blank-line paragraph, or per line
     val_fraction: float = 0.0005      # held-out fraction of DOCUMENTS (when there is no val split)
     val_min_tokens: int = 8192        # held-out val is topped up to this many tokens from the corpus's end
     split_seed: int = 1337            # seed of the document split
@@ -59,14 +56,13 @@ class DataConfig:
         if self.root is None:
             self.root = os.environ.get("NANONORM_DATA", "data_cache")
         def bad(key, why):
-            raise DataError(f"data.{key}={getattr(self, key)!r}: {why}")
+            common_bad(f"data.{key}", getattr(self, key), why, DataError)
 
         for key in ("name", "tokenizer", "root", "source", "split", "text_column", "txt_sample_by"):
             if not isinstance(getattr(self, key), str) or not getattr(self, key):
                 bad(key, "must be a non-empty string")
         SOURCES[self.source]  # an unknown name raises one line listing the valid ones
-        if self.txt_sample_by not in SAMPLE_BY:
-            bad("txt_sample_by", f"valid: {', '.join(SAMPLE_BY)}")
+        check_choices(self, "data", DataError)
         for key in ("files", "val_files"):
             v = getattr(self, key)
             if isinstance(v, str):

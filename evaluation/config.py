@@ -12,7 +12,7 @@ from typing import Any, Optional
 import yaml
 
 from common import ConfigError
-from common.config import build, field_docs
+from common.config import bad as common_bad, build, field_docs
 from runtime.distributed import PRECISION_CHOICES, precision_name
 
 # lm-eval's zero-shot tasks reported by default (README "Evaluation").
@@ -46,7 +46,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         def bad(key, valid):
-            raise EvalConfigError(f"bad eval config {key}={getattr(self, key)!r}: {valid}")
+            common_bad(f"eval.{key}", getattr(self, key), valid, EvalConfigError)
 
         for key in ("token_budget", "stride", "batch_size", "max_gen_toks", "threads"):
             v = getattr(self, key)

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Mapping, Optional
+from typing import Any, Literal, Mapping, Optional
 
 from common import ConfigError
-from common.config import bad, build, defaults, own_options, parse, to_plain, union_docs, union_keys
+from common.config import bad, build, check_choices, defaults, own_options, parse, to_plain, union_docs, union_keys
 
 from .init import INITS
 from .variants import VARIANTS, NormOptions, get_variant
-
-POS_EMBS = ("learned", "rope")
-MLPS = ("gelu", "swiglu", "relu2")
 
 
 def norm_options(node: Any) -> NormOptions:
@@ -53,10 +50,10 @@ class GPTConfig:
     bias: bool = True                    # biases in linear layers and norms
     tie_embeddings: bool = True          # LM head shares the token embedding (GPT-2); false = separate head
     # --- architecture axes (Hydra group `arch` sets them together; docs/variants.md, "Architecture presets") ---
-    pos_emb: str = "learned"             # learned absolute positions (GPT-2) | rope
+    pos_emb: Literal["learned", "rope"] = "learned"  # learned absolute positions (GPT-2), or rotary
     rope_base: float = 10000.0           # RoPE frequency base
     rope_fraction: float = 1.0           # fraction of each head's dimensions that RoPE rotates
-    mlp: str = "gelu"                    # gelu (GPT-2) | swiglu (LLaMA) | relu2 (modded-nanogpt)
+    mlp: Literal["gelu", "swiglu", "relu2"] = "gelu"  # gelu (GPT-2), swiglu (LLaMA), relu2 (modded-nanogpt)
     mlp_hidden: Optional[int] = None     # null: 4d (gelu, relu2); 8d/3 rounded up to a multiple of 64 (swiglu)
     qk_norm: bool = False                # RMSNorm (no gain) of q and k per head before attention
     init: str = "nanogpt"                # weight init scheme: nanogpt (N(0, 0.02)) | fan_in (N(0, 1/fan_in)); model/init.py
@@ -69,6 +66,7 @@ class GPTConfig:
         self.validate()
 
     def validate(self) -> None:
+        check_choices(self, "model")
         for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             v = getattr(self, key)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -85,10 +83,6 @@ class GPTConfig:
         if self.embed_std is not None and not (isinstance(self.embed_std, (int, float)) and not isinstance(self.embed_std, bool)
                                                and 0 < self.embed_std < math.inf):
             bad("model.embed_std", self.embed_std, "must be a finite number > 0, or null (the init scheme's)")
-        if self.pos_emb not in POS_EMBS:
-            bad("model.pos_emb", self.pos_emb, f"valid: {', '.join(POS_EMBS)}")
-        if self.mlp not in MLPS:
-            bad("model.mlp", self.mlp, f"valid: {', '.join(MLPS)}")
         if not (isinstance(self.rope_base, (int, float)) and 1 < self.rope_base < math.inf):
             bad("model.rope_base", self.rope_base, "must be a finite number > 1")
         if not (isinstance(self.rope_fraction, (int, float)) and 0 < self.rope_fraction <= 1):

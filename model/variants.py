@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Optional, Type
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Literal, Optional, Type
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from common import Registry
-from common.config import bad
+from common.config import bad, check_choices
 
 from .decay import DECAYS, decay_factor
 from .norms import INPUT_STEPS, NORM_KINDS, DyT, make_input_step, make_norm
@@ -59,6 +59,7 @@ class NormOptions:
     learn_radius: bool = True         # input step scalenorm: its radius g learnable (false: fixed at 1)
 
     def __post_init__(self) -> None:
+        check_choices(self, "norm")
         NORM_KINDS[self.kind], INPUT_STEPS[self.embed_norm]  # unknown names: one line listing the valid ones
         if not (_is_number(self.eps) and self.eps >= 0):
             bad("norm.eps", self.eps, "must be >= 0")
@@ -169,12 +170,10 @@ class DeepNorm(Variant):
     @dataclass
     class Options(NormOptions):
         final_norm: bool = False      # output Norm before the LM head
-        deepnorm_init: str = "scaled" # scaled (nanoGPT's N(0, 0.02) times beta) | xavier (beta times Xavier's std)
+        deepnorm_init: Literal["scaled", "xavier"] = "scaled"  # scaled: nanoGPT's N(0, 0.02) times beta; xavier: beta times Xavier's std
 
         def __post_init__(self):
             super().__post_init__()
-            if self.deepnorm_init not in ("scaled", "xavier"):
-                bad("norm.deepnorm_init", self.deepnorm_init, "valid: scaled, xavier")
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -238,12 +237,10 @@ class Keel(Variant):
     @dataclass
     class Options(NormOptions):
         final_norm: bool = False      # output Norm before the LM head
-        first_layer: str = "v2"       # Keel's first sublayers: v2 | v1
+        first_layer: Literal["v2", "v1"] = "v2"  # Keel's first sublayers
 
         def __post_init__(self):
             super().__post_init__()
-            if self.first_layer not in ("v1", "v2"):
-                bad("norm.first_layer", self.first_layer, "valid: v1, v2")
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -291,17 +288,13 @@ class PreDyT(Variant):
 class SphereOptions(NormOptions):
     """The `norm.*` keys of the sphere family (GeoNorm, the SpheretNorms)."""
     decay: str = "none"               # step decay lambda: none | harmonic | sqrt | linear
-    decay_index: str = "block"        # lambda indexed by block k of N | sublayer j+1 of 2N
-    sublayer_input: str = "raw"       # F reads the raw stream h (raw) or Norm(h) (norm)
+    decay_index: Literal["block", "sublayer"] = "block"  # lambda indexed by block k of N, or by sublayer j+1 of 2N
+    sublayer_input: Literal["raw", "norm"] = "raw"       # F reads the raw stream h (raw) or Norm(h) (norm; GeoNorm's default)
     target_angle: Optional[float] = None  # initial step sizes set so the mean angle at init is this (rad); null: the _init value
 
     def __post_init__(self):
         super().__post_init__()
         DECAYS[self.decay]
-        if self.decay_index not in ("block", "sublayer"):
-            bad("norm.decay_index", self.decay_index, "valid: block, sublayer")
-        if self.sublayer_input not in ("raw", "norm"):
-            bad("norm.sublayer_input", self.sublayer_input, "valid: raw, norm")
         if self.target_angle is not None and not (_is_number(self.target_angle)
                                                   and 0 < self.target_angle < self.angle_bound()):
             bad("norm.target_angle", self.target_angle, f"must be a number in (0, {self.angle_bound():.4g}) rad "
@@ -407,7 +400,7 @@ class GeoNorm(_SphereVariant):
         # Attention and the MLP read Norm(h): GeoNorm's stream keeps the embedding's radius, so the raw h
         # (the other choice, `raw`) makes its first attention logits ~1e-3 of Pre-LN's (our choice; the
         # paper does not say what its sublayers read; docs/step_scale_study.md).
-        sublayer_input: str = "norm"
+        sublayer_input: Literal["raw", "norm"] = "norm"
 
         def __post_init__(self):
             if not (_is_number(self.clamp) and 0 < self.clamp <= math.pi):

@@ -377,9 +377,9 @@ def test_successive_evaluations_keep_every_result_and_failures_exit_nonzero(tmp_
 
 @pytest.mark.parametrize("argv, needle", [
     (["--device", "cuda"], "bad config device='cuda': torch sees no CUDA device here"),
-    (["--dtype", "fp8"], "bad eval config dtype='fp8': valid: auto, bf16, fp16, fp32"),
-    (["--stride", "17"], f"bad eval config stride=17: must be at most the model's block_size={BLOCK}"),
-    (["--threads", "0"], "bad eval config threads=0: must be a positive integer"),
+    (["--dtype", "fp8"], "bad config eval.dtype='fp8': valid: auto, bf16, fp16, fp32"),
+    (["--stride", "17"], f"bad config eval.stride=17: must be at most the model's block_size={BLOCK}"),
+    (["--threads", "0"], "bad config eval.threads=0: must be a positive integer"),
 ])
 def test_impossible_eval_settings_give_one_clear_line(tmp_path, capsys, monkeypatch, argv, needle):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

@@ -15,13 +15,15 @@ from pathlib import Path
 def _docs(cls, prefix: str, keys: dict | None = None) -> dict:
     """{dotted key: doc} of a dataclass, nested dataclasses included; `keys` maps keys to the class that
     reads them where a group's components each read their own (`norm`, `optim`)."""
-    from common.config import field_docs
+    from common.config import field_docs, literal_choices, show_value
 
     out = {}
     for key, owner in (keys or {f.name: cls for f in dataclasses.fields(cls)}).items():
         c = next((c for c in owner.__mro__ if dataclasses.is_dataclass(c) and key in field_docs(c)), owner)
-        out[f"{prefix}.{key}"] = field_docs(c).get(key, "")
         t = typing.get_type_hints(owner).get(key)
+        choices = literal_choices(t)  # generated from the annotation, the one place they are written
+        out[f"{prefix}.{key}"] = (f"{{{' | '.join(map(show_value, choices))}}} " if choices else "") + \
+            field_docs(c).get(key, "")
         if dataclasses.is_dataclass(t):
             out.update(_docs(t, f"{prefix}.{key}"))
     return out
@@ -82,7 +84,9 @@ def _flat(node, prefix: str) -> list[tuple[str, object]]:
 
 
 def _show(v) -> str:
-    return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(list(v) if isinstance(v, tuple) else v)
+    from common.config import show_value
+
+    return show_value(list(v) if isinstance(v, tuple) else v)
 
 
 def config_help(config_dir: Path) -> str:

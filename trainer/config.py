@@ -8,12 +8,12 @@ error type the model config uses, so train.py reports both alike).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional
 
 from omegaconf import DictConfig
 
 from common import ConfigError
-from common.config import bad as _bad, build
+from common.config import bad as _bad, build, check_choices
 
 from .optim import GroupConfig, GroupsConfig, OptimConfig, optim_config  # noqa: F401  (re-exported)
 
@@ -27,9 +27,9 @@ class TrainConfig:
     max_steps: int = 600                  # optimizer steps in the whole run (the LR schedule spans them)
     batch_tokens: int = 8192              # global batch in tokens (grad accumulation makes up the rest)
     micro_batch_size: int = 16            # sequences per rank per forward/backward
-    device: str = "auto"                  # auto (cuda if available) | cpu | cuda
-    precision: str = "auto"               # auto (bf16 on CUDA when supported, else fp32) | bf16 | fp16 (GradScaler) | fp32
-    compile: Union[str, bool] = "auto"    # torch.compile: auto (on for CUDA) | true | false
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda if available
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on CUDA when supported, else fp32; fp16 with a GradScaler
+    compile: Literal["auto", True, False] = "auto"  # torch.compile (auto: on for CUDA)
     deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise resume on CPU)
     threads: Optional[int] = None         # CPU threads for torch (null: all cores); several CPU jobs at once: 1 each
     eval_interval: int = 100              # steps between validation passes (also at step 0 and at the end)
@@ -47,9 +47,7 @@ class TrainConfig:
     inject_nan_steps: int = 1             # ... for this many consecutive steps
 
     def __post_init__(self) -> None:
-        _choice("train.device", self.device, ("auto", "cpu", "cuda"))
-        _choice("train.precision", self.precision, ("auto", "bf16", "fp16", "fp32"))
-        _choice("train.compile", self.compile, ("auto", True, False))
+        check_choices(self, "train")
         for k in ("max_steps", "batch_tokens", "micro_batch_size", "eval_interval", "eval_tokens",
                   "ckpt_interval", "keep_last", "max_skipped", "inject_nan_steps"):
             _positive(f"train.{k}", getattr(self, k))
@@ -67,7 +65,7 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class WandbConfig:
-    mode: str = "offline"                 # online | offline | disabled (configs/logging: $WANDB_MODE)
+    mode: Literal["online", "offline", "disabled"] = "offline"  # configs/logging: $WANDB_MODE
     project: str = "nanonorm"             # wandb project
     entity: Optional[str] = None          # wandb entity (null: your default)
     group: Optional[str] = None           # wandb group
@@ -75,7 +73,7 @@ class WandbConfig:
     tags: tuple = ()                      # wandb tags
 
     def __post_init__(self) -> None:
-        _choice("logging.wandb.mode", self.mode, ("online", "offline", "disabled"))
+        check_choices(self, "logging.wandb")
 
 
 @dataclass(frozen=True)
@@ -145,12 +143,6 @@ def parse_run_config(cfg: DictConfig) -> RunConfig:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-def _choice(key: str, value: Any, valid: tuple) -> None:
-    # `True == 1` in Python, so compare types too (compile=1 is not compile=true).
-    if not any(value == v and type(value) is type(v) for v in valid):
-        _bad(key, value, "valid: " + ", ".join(str(v).lower() if isinstance(v, bool) else str(v) for v in valid))
-
 
 def _positive(key: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value <= 0:

@@ -14,12 +14,12 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional
 
 import torch
 
 from common import ConfigError, Registry
-from common.config import bad, defaults, own_options, set_values, to_plain, union_keys
+from common.config import bad, check_choices, defaults, own_options, set_values, to_plain, union_keys
 
 from .schedules import SCHEDULES, LRSchedule  # noqa: F401  (LRSchedule re-exported: the loop builds it here)
 
@@ -224,12 +224,11 @@ class AdamW:
     class Options(OptimConfig):
         betas: tuple = (0.9, 0.95)            # AdamW betas
         eps: float = 1e-8                     # AdamW epsilon
-        fused: Union[str, bool] = "auto"      # auto (fused where supported) | true | false (for-loop AdamW, slower)
+        fused: Literal["auto", True, False] = "auto"  # auto: fused where supported; false: for-loop AdamW (slower)
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            if not any(self.fused == v and type(self.fused) is type(v) for v in ("auto", True, False)):
-                bad("optim.fused", self.fused, "valid: auto, true, false")
+            check_choices(self, "optim")
             if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
                 bad("optim.betas", list(self.betas), "must be two numbers in [0, 1)")
             if not (self.eps > 0):
