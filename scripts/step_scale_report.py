@@ -1,6 +1,6 @@
-"""Tables and figures of the step-scale study (scripts/step_scale_study.py report calls this).
+"""Tables and figures of the step-scale study, its report (configs/study/step_scale.yaml names it).
 
-    python scripts/step_scale_study.py report [--runs-root runs] [--docs docs]
+    python scripts/study.py step_scale --report [--runs-root runs] [--docs docs]
 
 Writes docs/step_scale/tables.md (every cell's lr grid, its best lr by the mean over seeds, per-seed
 values, 95% CI, Welch comparisons, the 2x2, the chaos control and the trend) and the figures
@@ -16,8 +16,6 @@ from pathlib import Path
 import runlib
 from common.stats import bootstrap_slope, diff_ci, summarize, verdict, welch_p
 from data.files import atomic_write
-
-import step_scale_study as study
 
 
 def _tokens(runs) -> int:
@@ -53,10 +51,10 @@ def _last_stat(runs, key: str, reduce=max) -> float | None:
     return statistics.fmean(vals) if vals else None
 
 
-def cell_rows(runs: list[runlib.Run]) -> dict[str, dict]:
+def cell_rows(study, runs: list[runlib.Run]) -> dict[str, dict]:
     """cell -> its best lr (mean over the seeds every lr ran with), the runs there and the edge flag."""
     out = {}
-    for cell, b in study.best_lrs(runs).items():
+    for cell, b in study.best(runs).items():
         tried = sorted(float(v) for v in b["by_value"])
         value = float(b["value"])
         losses = _losses(b["runs"])
@@ -132,7 +130,7 @@ def table_2x2(rows: dict[str, dict]) -> list[str]:
     return lines
 
 
-def chaos_lines(root: Path, rows: dict[str, dict]) -> list[str]:
+def chaos_lines(study, root: Path, rows: dict[str, dict]) -> list[str]:
     twins = [r for r in runlib.load_sweep(root / "step_scale_b") if r.finished]
     if not twins:
         return ["(not run yet)"]
@@ -155,12 +153,12 @@ def chaos_lines(root: Path, rows: dict[str, dict]) -> list[str]:
     return lines
 
 
-def trend_lines(root: Path, rows_a: dict[str, dict], n_params: dict, grid: dict) -> tuple[list[str], dict]:
+def trend_lines(study, root: Path, rows_a: dict[str, dict], n_params: dict, grid: dict) -> tuple[list[str], dict]:
     """The trend table: the base shape (part (a)'s runs) and each shape of `grid` (study.shapes)."""
     runs = [r for r in runlib.load_sweep(root / "step_scale_c") if r.finished]
     if not runs:
         return ["(not run yet)"], {}
-    rows_c = cell_rows(runs)
+    rows_c = cell_rows(study, runs)
     base = next(iter(n_params))
     prefixes = {base: "", **{s: s + "-" for s in grid}}  # shape -> its cells' label prefix (the base: part (a))
     sphere = next((c.split("-", 1)[1] for c in rows_c if not c.split("-", 1)[1].startswith("pre_ln")), None)
@@ -173,7 +171,7 @@ def trend_lines(root: Path, rows_a: dict[str, dict], n_params: dict, grid: dict)
         if not pre or not sph or sphere is None:
             continue
         params = n_params.get(shape)
-        if min(len(pre["losses"]), len(sph["losses"])) < len(study.SEEDS.split(",")):  # still running
+        if min(len(pre["losses"]), len(sph["losses"])) < len(study.seeds):  # still running
             done = sum(1 for r in runs if r.base.startswith(prefix))
             lines.append(f"| {shape} | {f'{params:,}' if params else '—'} | (running: {done} runs finished) | | | |")
             continue
@@ -286,25 +284,25 @@ def trend_figure(out: Path, fit: dict, n_params: dict) -> None:
     plt.close(fig)
 
 
-def report(root: Path, docs: Path, base_experiment: str = "fidelity") -> None:
+def report(study, root: Path, docs: Path, experiment: str) -> None:
+    """docs/step_scale/*: study is scripts/study.py's Study; experiment the base every run started from."""
     out = docs / "step_scale"
     out.mkdir(parents=True, exist_ok=True)
     runs_a = [r for r in runlib.load_sweep(root / "step_scale_a") if r.finished]
     if not runs_a:  # a fresh checkout without the run dirs: keep the committed tables
         print(f"no finished runs under {root / 'step_scale_a'}: tables left as they are")
         return
-    rows = cell_rows(runs_a)
-    best = {c: {"lr": r["lr"], "mean": r["summary"].mean, "edge": r["edge"]} for c, r in rows.items()}
-    atomic_write(out / "a_best.json", json.dumps(best, indent=1) + "\n")  # part (c) starts from these
-    order = list(study.CELLS)
-    times = json.loads((root / study.TIMES).read_text()) if (root / study.TIMES).is_file() else {}
-    model = study.base_model(base_experiment)
-    grid = study.shapes(model)
+    rows = cell_rows(study, runs_a)
+    order = list(study.cells)
+    times_path = root / f"{study.name}_times.json"
+    times = json.loads(times_path.read_text()) if times_path.is_file() else {}
+    model = study.base_model(experiment)
+    grid = study.shapes(model, study.part("trend")["shapes"])
     n_params = {f"w{model['n_embd']}": _params(model, {})}  # the base shape first: part (a)'s runs
     for s, m in grid.items():
         n_params[s] = _params(model, {k.split(".", 1)[1]: v for k, v in m.items()})
     lines = ["# Step-scale study: tables", "",
-             "Generated by `python scripts/step_scale_study.py report`; read with docs/step_scale_study.md.",
+             "Generated by `python scripts/study.py step_scale --report`; read with docs/step_scale_study.md.",
              f"Runs finished: (a) {len(runs_a)}. Tokens per run: {_tokens(runs_a):,}. Seeds 0, 1, 2 at every lr. "
              "Wall time per part (two runs at a time, one thread each): "
              + (", ".join(f"{k} {v / 60:.0f} min" for k, v in times.items()) or "—") + ". Code commits of the runs "
@@ -319,8 +317,8 @@ def report(root: Path, docs: Path, base_experiment: str = "fidelity") -> None:
              "1-SpheretNorm cell is the better of alpha_init 8 and 32.", "", *table_2x2(rows), "",
              "## (b) Chaos control", "", "Seed 0 at the best lr rerun with train.threads=2: only the floating-point "
              "order of the CPU kernels differs. A difference above a quarter of the seed std reads as chaotic.", "",
-             *chaos_lines(root, rows), ""]
-    trend, fit = trend_lines(root, rows, n_params, grid)
+             *chaos_lines(study, root, rows), ""]
+    trend, fit = trend_lines(study, root, rows, n_params, grid)
     lines += ["## (c) Trend with size", "", "Pre-LN and the best sphere cell of (a), each at its own best lr, "
               f"3 seeds; {next(iter(n_params))} is part (a)'s setting. Gap = sphere minus Pre-LN (positive: the sphere cell trails), "
               "with its Welch-Satterthwaite 95% interval.", "", *trend, "", *_width_fit(fit, n_params), ""]
@@ -334,5 +332,5 @@ def report(root: Path, docs: Path, base_experiment: str = "fidelity") -> None:
 if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
     import sys
 
-    print("usage: scripts/step_scale_report.py is imported by step_scale_study.py (python scripts/step_scale_study.py report); it is not a command", file=sys.stderr)
+    print("usage: scripts/step_scale_report.py is the step-scale study's report (python scripts/study.py step_scale --report); it is not a command", file=sys.stderr)
     sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

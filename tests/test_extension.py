@@ -143,3 +143,42 @@ def test_new_data_source_is_one_function(tmp_path):
         unregister(SOURCES, "numbers")
     with pytest.raises(Exception, match=r"unknown data.source='numbers'"):
         DataConfig.from_any({"name": "n", "source": "numbers", "tokenizer": "bytes", "root": str(tmp_path)})
+
+
+@pytest.mark.slow
+def test_new_study_is_one_yaml_file(tmp_path, pydocs):
+    """A study is data: its cells and parts in a YAML file; scripts/study.py runs it (resumable) and
+    writes its tables, wall time and commits."""
+    import subprocess
+    import sys
+
+    import yaml
+
+    from helpers import REPO, TINY
+
+    study = {"experiment": "fidelity", "seeds": [0], "reference": "pre_ln",
+             "tune": {"key": "optim.lr", "ladder": [1.0e-3, 3.0e-3], "width": 1},
+             "cells": {"pre_ln": {"overrides": {"norm": "pre_ln"}, "start": 3.0e-3},
+                       "post_ln": {"overrides": {"norm": "post_ln"}, "start": 3.0e-3}},
+             "parts": [{"name": "grid", "kind": "grid", "sweep": "mini_a"},
+                       {"name": "seeds", "kind": "rerun", "of": "grid", "sweep": "mini_b", "pick": ["pre_ln"],
+                        "seeds": [1]}]}
+    path = tmp_path / "mini.yaml"
+    path.write_text(yaml.safe_dump(study))
+    cmd = [sys.executable, "scripts/study.py", str(path), "--runs-root", str(tmp_path / "runs"), "--docs",
+           str(tmp_path / "docs"), "--", *TINY, "train.max_steps=2"]
+    for _ in range(2):   # the second time every run is finished: nothing runs again
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+        assert out.returncode == 0, out.stderr[-2000:]
+    assert "4 finished" in out.stdout or "2 finished" in out.stdout
+    assert sorted(p.name for p in (tmp_path / "runs" / "mini_a").glob("*-s0")) == [
+        "post_ln-lr-0.001-s0", "post_ln-lr-0.003-s0", "pre_ln-lr-0.001-s0", "pre_ln-lr-0.003-s0"]
+    assert [p.name for p in (tmp_path / "runs" / "mini_b").glob("*-s*")] and \
+        all(p.name.endswith("-s1") for p in (tmp_path / "runs" / "mini_b").glob("*-s*"))
+    tables = (tmp_path / "docs" / "mini" / "tables.md").read_text()
+    assert "## mini_a" in tables and "| pre_ln | 0.001: " in tables and "(edge)" in tables
+    times = yaml.safe_load((tmp_path / "runs" / "mini_times.json").read_text())
+    assert set(times) == {"grid", "seeds"}
+    assert set(yaml.safe_load((tmp_path / "runs" / "mini_commits.json").read_text())) == {"grid", "seeds"}
+    best = yaml.safe_load((tmp_path / "docs" / "mini" / "a_best.json").read_text())  # sweep mini_a, less "mini_"
+    assert set(best) == {"pre_ln", "post_ln"} and all(b["edge"] for b in best.values())

@@ -1,0 +1,361 @@
+"""The staged study runner: a study is a YAML file, configs/study/<name>.yaml, and this runs it.
+
+    python scripts/study.py step_scale                   # every part in order, then the report
+    python scripts/study.py step_scale --part trend      # one part (the parts before it must have run)
+    python scripts/study.py step_scale --report          # tables and figures from whatever has finished
+    python scripts/study.py step_scale --list            # its parts and cells, what each part would start from
+    python scripts/study.py step_scale -- train.max_steps=8   # any Hydra override, every run (a quick check)
+    python scripts/study.py step_scale --experiment <name> --cells pre_ln,proj_spheret-a32 --jobs 8
+                                                         # the same study on another setting (GPU users)
+
+A study file names a base experiment, the overrides of every run, the seeds, the tuned key with its
+ladder of values (`tune`), named cells (overrides and the start of their grid), its parts and its report.
+Part kinds, each a resumable sweep (scripts/sweep.py) under <runs-root>/<sweep>/:
+  grid    each cell at the ladder points around its start (`tune.width` on each side), every seed;
+  edge    (`of`: a part) where a cell's best value is the largest or smallest tried, one more ladder point
+          beyond it, every seed; repeated up to `tune.edge_rounds` times until the best is inside;
+  rerun   (`of`) the cells of `pick` at their best value in `of`, with `seeds` and `overrides` of its own
+          (a chaos control: train.threads=2; more seeds at the best);
+  shapes  (`of`) the cells of `pick` at other model shapes (`shapes`: factors of the base model), shape
+          by shape, each a grid around the cell's best in `of`, bracketed as edge does.
+`pick` lists cells, and `best_of: [cells]` for the best of those (lowest mean at its best value).
+The best value of a cell is the one with the lowest mean final validation loss over the seeds every value
+was run with (scripts/runlib.py: best_over). Wall time and code commit per part are added up in
+<runs-root>/<study>_times.json and <study>_commits.json; each tuned part's bests are recorded in
+docs/<study>/<sweep suffix>_best.json, so later parts can start on a checkout without the run dirs.
+The report is the study's `report` module (scripts/<module>.py: report(study, runs_root, docs)), else a
+table per part (scripts/study_tables.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+import runlib
+from common.provenance import code_commit
+from data.files import atomic_write
+
+REPO = Path(__file__).resolve().parent.parent
+STUDIES = REPO / "configs" / "study"
+KINDS = ("grid", "edge", "rerun", "shapes")
+
+
+@dataclass
+class Study:
+    """A study file, read and checked once (a bad entry: one line naming the file and the key)."""
+    name: str
+    path: Path
+    experiment: str
+    cells: dict                     # cell -> {"overrides": {...}, "start": value}
+    parts: list                     # dicts, in order
+    key: str = "optim.lr"
+    ladder: list = field(default_factory=list)
+    width: int = 1
+    edge_rounds: int = 2
+    seeds: list = field(default_factory=lambda: [0])
+    overrides: list = field(default_factory=list)
+    reference: str | None = None
+    report: str | None = None
+    doc: str | None = None
+
+    @classmethod
+    def load(cls, name: str, studies: Path = STUDIES) -> "Study":
+        path = Path(name) if name.endswith(".yaml") else studies / f"{name}.yaml"
+        if not path.is_file():
+            valid = ", ".join(sorted(p.stem for p in studies.glob("*.yaml")))
+            raise SystemExit(f"unknown study {name!r}: no {path} (studies: {valid})")
+        d = yaml.safe_load(path.read_text()) or {}
+        tune = d.pop("tune", {}) or {}
+
+        def bad(key, why):
+            raise SystemExit(f"{path}: {key}: {why}")
+        for k in ("experiment", "cells", "parts"):
+            if k not in d:
+                bad(k, "missing")
+        known = {"doc", "experiment", "overrides", "seeds", "reference", "report", "cells", "parts"}
+        for k in set(d) - known:
+            bad(k, f"unknown key (valid: tune, {', '.join(sorted(known))})")
+        study = cls(name=path.stem, path=path, key=tune.get("key", "optim.lr"), ladder=list(tune.get("ladder", [])),
+                    width=int(tune.get("width", 1)), edge_rounds=int(tune.get("edge_rounds", 2)), **d)
+        for c, spec in study.cells.items():
+            if not isinstance(spec, dict) or "overrides" not in spec:
+                bad(f"cells.{c}", "needs overrides (and start)")
+        names = [p.get("name") for p in study.parts]
+        for i, p in enumerate(study.parts):
+            if p.get("kind") not in KINDS:
+                bad(f"parts[{i}].kind", f"{p.get('kind')!r}: valid are {', '.join(KINDS)}")
+            if p["kind"] != "grid" and p.get("of") not in names[:i]:
+                bad(f"parts.{p['name']}.of", f"{p.get('of')!r} is not an earlier part ({', '.join(names[:i]) or 'none'})")
+            for c in study.picked_names(p.get("pick", [])):
+                if c not in study.cells:
+                    bad(f"parts.{p['name']}.pick", f"unknown cell {c!r}")
+        if study.reference is not None and study.reference not in study.cells:
+            bad("reference", f"unknown cell {study.reference!r}")
+        return study
+
+    # --- names and points ---------------------------------------------------------------------
+
+    def part(self, name: str) -> dict:
+        for p in self.parts:
+            if p["name"] == name:
+                return p
+        raise SystemExit(f"unknown part {name!r} of study {self.name}: valid parts are "
+                         f"{', '.join(p['name'] for p in self.parts)}")
+
+    def sweep_of(self, part: dict) -> str:
+        """The sweep (run dir group) a part writes to: its own, else its `of` part's (edge adds points)."""
+        return part.get("sweep") or self.sweep_of(self.part(part["of"]))
+
+    @staticmethod
+    def picked_names(pick: list) -> list:
+        out = []
+        for item in pick:
+            out += item["best_of"] if isinstance(item, dict) else [item]
+        return out
+
+    def around(self, value: float) -> list:
+        """The ladder points nearest `value` and `width` on each side (fewer at the ladder's ends)."""
+        i = min(range(len(self.ladder)), key=lambda k: abs(self.ladder[k] / value - 1))
+        return self.ladder[max(i - self.width, 0):i + self.width + 1]
+
+    def point(self, cell: str, value: float, overrides: dict, prefix: str = "") -> tuple[str, dict]:
+        short = self.key.rsplit(".", 1)[-1]
+        return f"{prefix}{cell}-{short}-{value:g}", {**overrides, self.key: value}
+
+    def cell_of(self, label: str) -> str:
+        return label.rsplit(f"-{self.key.rsplit('.', 1)[-1]}-", 1)[0]
+
+    def by_cell(self, runs: list) -> dict:
+        out: dict = {}
+        for r in runs:
+            out.setdefault(self.cell_of(r.base), []).append(r)
+        return out
+
+    def best(self, runs: list) -> dict:
+        """cell -> runlib.best_over over the tuned key (the mean over the seeds every value was run with)."""
+        return runlib.best_over(self.by_cell(runs), self.key)
+
+    def edge_points(self, runs: list, cells: dict) -> dict:
+        """One more ladder point beyond each cell's best (cells: label -> overrides) where the best is the
+        largest or smallest value tried."""
+        out = {}
+        for cell, b in self.best(runs).items():
+            tried = sorted(float(v) for v in b["by_value"])
+            best = float(b["value"])
+            if best not in (tried[0], tried[-1]) or cell not in cells:
+                continue
+            i = min(range(len(self.ladder)), key=lambda k: abs(self.ladder[k] / best - 1))
+            j = i + 1 if best == tried[-1] else i - 1
+            if 0 <= j < len(self.ladder):
+                lbl, ovr = self.point(cell, self.ladder[j], cells[cell])
+                out[lbl] = ovr
+        return out
+
+    def pick(self, pick: list, best: dict) -> list:
+        """The cells of a `pick` list that have a best (`best`: cell -> (best value, mean there); a
+        `best_of` group: its member with the lowest mean)."""
+        out = []
+        for item in pick:
+            if isinstance(item, dict):
+                members = [c for c in item["best_of"] if c in best]
+                item = min(members, key=lambda c: best[c][1]) if members else None
+            if item is not None and item in best and item not in out:
+                out.append(item)
+        return out
+
+    def shapes(self, model: dict, specs: list) -> dict:
+        """label -> model overrides: each spec's factors applied to the base model's values."""
+        out = {}
+        for spec in specs:
+            new = {k: max(1, round(model[k] * f)) for k, f in spec.items() if k != "label"}
+            out[spec["label"].format(**{**model, **new})] = {f"model.{k}": v for k, v in new.items()}
+        return out
+
+    def base_model(self, experiment: str | None = None) -> dict:
+        """The base experiment's composed `model` group (its shape) and its tokenizer's vocabulary size."""
+        from hydra import compose, initialize_config_dir
+        from omegaconf import OmegaConf
+
+        from data import get_tokenizer
+        from trainer.config_store import register_code_configs
+
+        register_code_configs()
+        with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+            cfg = compose("config", overrides=[f"experiment={experiment or self.experiment}"])
+        return {**OmegaConf.to_container(cfg.model, resolve=True),
+                "tokenizer_vocab": get_tokenizer(cfg.data.tokenizer).vocab_size}
+
+
+def mean_at_best(b: dict) -> float:
+    return b["by_value"][b["value"]]
+
+
+# --- running ---------------------------------------------------------------------------------------
+
+class Runner:
+    def __init__(self, study: Study, args):
+        self.study, self.args = study, args
+        self.cells = {c: study.cells[c] for c in args.cells}
+
+    def sweep(self, name: str, points: dict, seeds: list, extra: list = (), jobs: int | None = None) -> None:
+        if not points:
+            return
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            yaml.safe_dump(points, f, sort_keys=False)
+        cmd = [sys.executable, str(REPO / "scripts" / "sweep.py"), "--name", name, "--runs-root",
+               str(self.args.runs_root), "--experiment", self.args.experiment, "--points", f.name, "--jobs",
+               str(jobs or self.args.jobs), "--seeds", ",".join(map(str, seeds)), "--",
+               *self.study.overrides, *extra, *self.args.overrides]
+        print("$", " ".join(cmd), flush=True)
+        try:
+            rc = subprocess.run(cmd, check=False).returncode
+        finally:
+            Path(f.name).unlink()
+        if rc != 0:
+            raise SystemExit(f"sweep {name} had failed points (exit {rc}); rerun to resume them")
+
+    def finished(self, sweep: str) -> list:
+        return [r for r in runlib.load_sweep(self.args.runs_root / sweep) if r.finished]
+
+    def best_file(self, sweep: str) -> Path:
+        return self.args.docs / self.study.name / f"{sweep.removeprefix(self.study.name + '_')}_best.json"
+
+    def bests(self, part: dict) -> dict:
+        """cell -> (best value, mean there) of a part's finished runs; from its recorded bests
+        (docs/<study>/*_best.json) where the run dirs are not on this checkout."""
+        sweep = self.study.sweep_of(part)
+        runs = self.finished(sweep)
+        if runs:
+            return {c: (float(b["value"]), mean_at_best(b)) for c, b in self.study.best(runs).items()}
+        recorded = self.best_file(sweep)
+        if recorded.is_file():
+            return {c: (v.get("value", v.get("lr")), v["mean"]) for c, v in json.loads(recorded.read_text()).items()}
+        return {}
+
+    def record_bests(self, part: dict) -> None:
+        runs = self.finished(self.study.sweep_of(part))
+        if not runs:
+            return
+        best = {}
+        for c, b in self.study.best(runs).items():
+            tried = sorted(float(v) for v in b["by_value"])
+            best[c] = {"value": float(b["value"]), "mean": mean_at_best(b),
+                       "edge": float(b["value"]) in (tried[0], tried[-1])}
+        path = self.best_file(self.study.sweep_of(part))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, json.dumps(best, indent=1) + "\n")
+
+    def grid(self, sweep: str, cells: dict) -> None:
+        """cells: label -> (overrides, centre)."""
+        s = self.study
+        self.sweep(sweep, dict(s.point(c, v, o) for c, (o, centre) in cells.items() for v in s.around(centre)),
+                   s.seeds)
+
+    def bracket(self, sweep: str, cells: dict) -> None:
+        for _ in range(self.study.edge_rounds):
+            pts = self.study.edge_points(self.finished(sweep), cells)
+            if not pts:
+                break
+            self.sweep(sweep, pts, self.study.seeds)
+
+    def run_part(self, part: dict) -> None:
+        s, kind = self.study, part["kind"]
+        sweep = s.sweep_of(part)
+        if kind == "grid":
+            self.grid(sweep, {c: (spec["overrides"], spec["start"]) for c, spec in self.cells.items()})
+        elif kind == "edge":
+            self.bracket(sweep, {c: spec["overrides"] for c, spec in self.cells.items()})
+        elif kind == "rerun":
+            best = self.bests(s.part(part["of"]))
+            picked = [c for c in s.pick(part["pick"], best) if c in self.cells]
+            threads = next((int(o.split("=")[1]) for o in part.get("overrides", []) if o.startswith("train.threads=")), 1)
+            self.sweep(sweep, dict(s.point(c, best[c][0], self.cells[c]["overrides"]) for c in picked),
+                       part.get("seeds", s.seeds), part.get("overrides", []), jobs=max(1, self.args.jobs // threads))
+        elif kind == "shapes":
+            best = self.bests(s.part(part["of"]))
+            picked = s.pick(part["pick"], best)
+            if len(picked) < len(part["pick"]):
+                raise SystemExit(f"part {part['name']} needs part {part['of']} finished for the cells it picks")
+            grid = s.shapes(s.base_model(self.args.experiment), part["shapes"])
+            for shape in self.args.shapes or list(grid):   # shape by shape: a study stopped part-way has whole shapes
+                if shape not in grid:
+                    raise SystemExit(f"unknown --shapes {shape}: valid are {', '.join(grid)}")
+                cells = {f"{shape}-{c}": ({**s.cells[c]["overrides"], **grid[shape]}, best[c][0]) for c in picked}
+                self.grid(sweep, cells)
+                self.bracket(sweep, {c: o for c, (o, _) in cells.items()})
+        if kind in ("grid", "edge"):
+            self.record_bests(part)
+
+
+def record(root: Path, study: Study, part: str, seconds: float) -> None:
+    """Add the part's wall time, and this checkout's commit, to <root>/<study>_{times,commits}.json."""
+    runlib.add_wall_time(root / f"{study.name}_times.json", part, seconds)
+    path = root / f"{study.name}_commits.json"
+    done = json.loads(path.read_text()) if path.is_file() else {}
+    c = code_commit(REPO) or "unknown"
+    if c not in done.setdefault(part, []):
+        done[part].append(c)
+    atomic_write(path, json.dumps(done, indent=1) + "\n")
+
+
+def report(study: Study, root: Path, docs: Path, experiment: str) -> None:
+    if study.report:
+        import importlib
+        importlib.import_module(study.report).report(study, root, docs, experiment)
+    else:
+        import study_tables
+        study_tables.report(study, root, docs)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("study", help="configs/study/<name>.yaml (or a path to a study file)")
+    ap.add_argument("--part", help="run only this part (default: every part in order, then the report)")
+    ap.add_argument("--report", action="store_true", help="only the report, from whatever has finished")
+    ap.add_argument("--list", action="store_true", help="print the parts and cells, run nothing")
+    ap.add_argument("--runs-root", type=Path, default=Path("runs"))
+    ap.add_argument("--docs", type=Path, default=Path("docs"), help="where the report writes docs/<study>/*")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
+    ap.add_argument("--cells", help="comma list: only these cells (a partial study)")
+    ap.add_argument("--shapes", help="shapes parts: comma list of shape labels (default all, cheapest first)")
+    ap.add_argument("--experiment", help="the experiment every run starts from (default: the study's)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)  # Hydra overrides for every run follow `--`
+    args = ap.parse_args(argv[:cut])
+    args.overrides = argv[cut + 1:]
+    study = Study.load(args.study)
+    args.experiment = args.experiment or study.experiment
+    args.cells = args.cells.split(",") if args.cells else list(study.cells)
+    unknown = [c for c in args.cells if c not in study.cells]
+    if unknown:
+        raise SystemExit(f"unknown --cells {', '.join(unknown)}: valid are {', '.join(study.cells)}")
+    args.shapes = args.shapes.split(",") if args.shapes else None
+    parts = [study.part(args.part)] if args.part else [] if args.report else study.parts
+    if args.list:
+        for p in study.parts:
+            print(f"{p['name']:<8} {p['kind']:<7} sweep {study.sweep_of(p)}" + (f", from {p['of']}" if "of" in p else ""))
+        print("cells: " + ", ".join(study.cells))
+        return 0
+    runner = Runner(study, args)
+    for part in parts:
+        t0 = time.time()
+        try:
+            runner.run_part(part)
+        finally:  # wall time per part, added up over resumed invocations (the report prints it)
+            record(args.runs_root, study, part["name"], time.time() - t0)
+        print(f"### part {part['name']}: {time.time() - t0:.0f} s wall", flush=True)
+    if not args.part:
+        report(study, args.runs_root, args.docs, args.experiment)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,118 @@
+"""The staged study runner (scripts/study.py) on the step-scale study's file: lr brackets, the best on the
+mean over seeds, edge points, picks, the chaos part's twins, shapes, and one-line errors for bad files."""
+from pathlib import Path
+
+import pytest
+
+S = runlib = None
+
+
+@pytest.fixture(autouse=True)
+def _modules(load_script):
+    global S, runlib
+    runlib = load_script("runlib")
+    S = load_script("study")
+
+
+@pytest.fixture
+def study():
+    return S.Study.load("step_scale")
+
+
+def fake(cell, lr, seed, loss):
+    label = f"{cell}-lr-{lr:g}"
+    return runlib.Run(path=Path(label), config={"optim": {"lr": lr}, "train": {"seed": seed}}, label=label,
+                      seed=seed, evals=[{"step": 0, "val_loss": 5.5}, {"step": 400, "val_loss": loss}],
+                      summary={"final_val_loss": loss}, base=label)
+
+
+def grid(cell, losses_by_lr):
+    return [fake(cell, lr, s, x) for lr, xs in losses_by_lr.items() for s, x in enumerate(xs)]
+
+
+def overrides(study):
+    return {c: spec["overrides"] for c, spec in study.cells.items()}
+
+
+def test_lr_grid_is_three_ladder_points_around_the_start(study):
+    assert study.around(3e-3) == [1e-3, 3e-3, 1e-2]
+    assert study.around(1e-4) == [1e-4, 3e-4]      # the ladder's end: no point below it
+    assert all(lr in study.ladder for spec in study.cells.values() for lr in study.around(spec["start"]))
+
+
+def test_best_lr_is_chosen_on_the_mean_over_seeds_and_edges_get_one_more_point(study):
+    # seed 0 alone would pick 1e-3 (2.30); the mean over three seeds picks 3e-3
+    runs = grid("pre_ln", {1e-3: [2.30, 2.60, 2.60], 3e-3: [2.40, 2.40, 2.41], 1e-2: [2.70, 2.70, 2.70]})
+    assert study.best(runs)["pre_ln"]["value"] == 3e-3
+    assert study.edge_points(runs, overrides(study)) == {}     # inside the grid: no edge point
+    runs = grid("proj_spheret-a8", {1e-3: [3.0] * 3, 3e-3: [2.9] * 3, 1e-2: [2.8] * 3})
+    assert study.edge_points(runs, overrides(study)) == {"proj_spheret-a8-lr-0.03": {
+        "norm": "proj_spheret", "norm.alpha_init": 8.0, "optim.lr": 3e-2}}
+    runs = grid("pre_ln-rms1", {1e-3: [2.4] * 3, 3e-3: [2.5] * 3, 1e-2: [2.7] * 3})
+    assert list(study.edge_points(runs, overrides(study))) == ["pre_ln-rms1-lr-0.0003"]
+
+
+def test_a_pick_takes_named_cells_and_the_best_of_each_group(study):
+    best = {"pre_ln": (3e-3, 2.38), "proj_spheret": (1e-3, 2.9), "proj_spheret-a8": (1e-2, 2.7),
+            "proj_spheret-a32": (1e-3, 3.4), "geonorm": (1e-2, 2.45), "geonorm-r1-a8": (3e-3, 2.41)}
+    assert study.pick(study.part("chaos")["pick"], best) == ["pre_ln", "proj_spheret", "proj_spheret-a8",
+                                                             "geonorm-r1-a8"]
+    assert study.pick(study.part("trend")["pick"], best) == ["pre_ln", "geonorm-r1-a8"]
+
+
+def test_chaos_part_runs_twins_with_two_threads_at_half_the_jobs(study, monkeypatch, tmp_path):
+    calls = []
+    args = type("A", (), {"cells": list(study.cells), "jobs": 2, "runs_root": tmp_path, "docs": tmp_path,
+                          "experiment": "fidelity", "overrides": [], "shapes": None})()
+    runner = S.Runner(study, args)
+    monkeypatch.setattr(runner, "finished", lambda sweep: grid("pre_ln", {3e-3: [2.38] * 3}))
+    monkeypatch.setattr(runner, "sweep", lambda name, pts, seeds, extra=(), jobs=None: calls.append(
+        (name, pts, seeds, list(extra), jobs)))
+    runner.run_part(study.part("chaos"))
+    assert calls == [("step_scale_b", {"pre_ln-lr-0.003": {"norm": "pre_ln", "optim.lr": 3e-3}}, [0],
+                      ["train.threads=2"], 1)]
+
+
+def test_shapes_are_factors_of_the_base_model_labelled_by_their_values(study):
+    model = {"n_embd": 128, "n_layer": 4, "n_head": 4}
+    assert study.shapes(model, study.part("trend")["shapes"]) == {
+        "w64": {"model.n_embd": 64, "model.n_head": 2}, "d8": {"model.n_layer": 8},
+        "w256": {"model.n_embd": 256, "model.n_head": 8}, "d16": {"model.n_layer": 16}}
+
+
+def test_a_later_part_starts_from_the_recorded_bests_without_the_run_dirs(study, tmp_path):
+    args = type("A", (), {"cells": list(study.cells), "jobs": 2, "runs_root": tmp_path / "runs",
+                          "docs": tmp_path / "docs", "experiment": "fidelity", "overrides": [], "shapes": None})()
+    runner = S.Runner(study, args)
+    assert runner.bests(study.part("grid")) == {}
+    path = tmp_path / "docs" / "step_scale" / "a_best.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('{"pre_ln": {"lr": 0.003, "mean": 2.377, "edge": false}}')   # the older key name
+    assert runner.bests(study.part("edge")) == {"pre_ln": (0.003, 2.377)}       # edge writes to grid's sweep
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"parts": [{"name": "x", "kind": "nope"}]}, r"parts\[0\].kind: 'nope': valid are grid, edge, rerun, shapes"),
+    ({"parts": [{"name": "e", "kind": "edge", "of": "grid"}]}, r"parts.e.of: 'grid' is not an earlier part"),
+    ({"parts": [{"name": "g", "kind": "grid", "sweep": "s"},
+                {"name": "r", "kind": "rerun", "of": "g", "pick": ["nope"]}]}, r"parts.r.pick: unknown cell 'nope'"),
+    ({"colour": 1}, r"colour: unknown key"),
+])
+def test_a_bad_study_file_is_one_line_naming_the_key(tmp_path, change, message):
+    import yaml
+
+    d = {"experiment": "fidelity", "cells": {"pre_ln": {"overrides": {"norm": "pre_ln"}, "start": 1e-3}},
+         "parts": [{"name": "grid", "kind": "grid", "sweep": "s"}], **change}
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(d))
+    with pytest.raises(SystemExit, match=message):
+        S.Study.load(str(path))
+
+
+def test_unknown_study_part_and_cell_are_one_line():
+    with pytest.raises(SystemExit, match=r"unknown study 'nope': .*studies: .*step_scale"):
+        S.main(["nope"])
+    with pytest.raises(SystemExit, match="unknown --cells nope"):
+        S.main(["step_scale", "--cells", "nope"])
+    with pytest.raises(SystemExit, match="unknown part 'x' of study step_scale: valid parts are grid, edge, chaos, trend"):
+        S.main(["step_scale", "--part", "x"])
