@@ -6,4 +6,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export WANDB_MODE="${WANDB_MODE:-disabled}"
-exec "${PYTHON:-python}" scripts/axes_study.py all --runs-root "${RUNS_ROOT:-runs}" --docs "${DOCS:-docs}" "$@"
+exec "${PYTHON:-python}" scripts/study.py axes --runs-root "${RUNS_ROOT:-runs}" --docs "${DOCS:-docs}" "$@"

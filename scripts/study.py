@@ -58,6 +58,7 @@ class Study:
     parts: list                     # dicts, in order
     key: str = "optim.lr"
     ladder: list = field(default_factory=list)
+    factor: float | None = None     # instead of a ladder: each cell's values are start x factor^k
     width: int = 1
     edge_rounds: int = 2
     seeds: list = field(default_factory=lambda: [0])
@@ -84,7 +85,10 @@ class Study:
         for k in set(d) - known:
             bad(k, f"unknown key (valid: tune, {', '.join(sorted(known))})")
         study = cls(name=path.stem, path=path, key=tune.get("key", "optim.lr"), ladder=list(tune.get("ladder", [])),
-                    width=int(tune.get("width", 1)), edge_rounds=int(tune.get("edge_rounds", 2)), **d)
+                    factor=tune.get("factor"), width=int(tune.get("width", 1)),
+                    edge_rounds=int(tune.get("edge_rounds", 2)), **d)
+        if bool(study.ladder) == bool(study.factor):
+            bad("tune", "give one of ladder (the values) and factor (start x factor^k)")
         for c, spec in study.cells.items():
             if not isinstance(spec, dict) or "overrides" not in spec:
                 bad(f"cells.{c}", "needs overrides (and start)")
@@ -122,16 +126,33 @@ class Study:
         return out
 
     def around(self, value: float) -> list:
-        """The ladder points nearest `value` and `width` on each side (fewer at the ladder's ends)."""
+        """The ladder points nearest `value` and `width` on each side (fewer at the ladder's ends); with a
+        factor, value x factor^k for k in -width..width."""
+        if self.factor:
+            return [value * self.factor ** k for k in range(-self.width, self.width + 1)]
         i = min(range(len(self.ladder)), key=lambda k: abs(self.ladder[k] / value - 1))
         return self.ladder[max(i - self.width, 0):i + self.width + 1]
 
-    def point(self, cell: str, value: float, overrides: dict, prefix: str = "") -> tuple[str, dict]:
-        short = self.key.rsplit(".", 1)[-1]
-        return f"{prefix}{cell}-{short}-{value:g}", {**overrides, self.key: value}
+    def beyond(self, value: float, up: bool) -> float | None:
+        """The next value above (`up`) or below `value`: the next ladder point, or value x factor^(+-1)."""
+        if self.factor:
+            return value * self.factor if up else value / self.factor
+        i = min(range(len(self.ladder)), key=lambda k: abs(self.ladder[k] / value - 1))
+        j = i + 1 if up else i - 1
+        return self.ladder[j] if 0 <= j < len(self.ladder) else None
+
+    def key_of(self, cell: str) -> str:
+        """The key a cell tunes: its own `key`, else the study's (a shape's cell, `w64-pre_ln`, its cell's)."""
+        if cell in self.cells:
+            return self.cells[cell].get("key", self.key)
+        return self.key_of(cell.split("-", 1)[1]) if "-" in cell else self.key
+
+    def point(self, cell: str, value: float, overrides: dict) -> tuple[str, dict]:
+        key = self.key_of(cell)
+        return f"{cell}-{key.rsplit('.', 1)[-1]}-{value:g}", {**overrides, key: value}
 
     def cell_of(self, label: str) -> str:
-        return label.rsplit(f"-{self.key.rsplit('.', 1)[-1]}-", 1)[0]
+        return label.rsplit(f"-{self.key.rsplit('.', 1)[-1]}-", 1)[0]   # every tuned key of a study ends alike
 
     def by_cell(self, runs: list) -> dict:
         out: dict = {}
@@ -141,7 +162,7 @@ class Study:
 
     def best(self, runs: list) -> dict:
         """cell -> runlib.best_over over the tuned key (the mean over the seeds every value was run with)."""
-        return runlib.best_over(self.by_cell(runs), self.key)
+        return {c: runlib.best_over({c: rs}, self.key_of(c))[c] for c, rs in self.by_cell(runs).items()}
 
     def edge_points(self, runs: list, cells: dict) -> dict:
         """One more ladder point beyond each cell's best (cells: label -> overrides) where the best is the
@@ -152,10 +173,9 @@ class Study:
             best = float(b["value"])
             if best not in (tried[0], tried[-1]) or cell not in cells:
                 continue
-            i = min(range(len(self.ladder)), key=lambda k: abs(self.ladder[k] / best - 1))
-            j = i + 1 if best == tried[-1] else i - 1
-            if 0 <= j < len(self.ladder):
-                lbl, ovr = self.point(cell, self.ladder[j], cells[cell])
+            nxt = self.beyond(best, up=best == tried[-1])
+            if nxt is not None:
+                lbl, ovr = self.point(cell, nxt, cells[cell])
                 out[lbl] = ovr
         return out
 
@@ -275,7 +295,7 @@ class Runner:
             self.bracket(sweep, {c: spec["overrides"] for c, spec in self.cells.items()})
         elif kind == "rerun":
             best = self.bests(s.part(part["of"]))
-            picked = [c for c in s.pick(part["pick"], best) if c in self.cells]
+            picked = [c for c in s.pick(part.get("pick", list(s.cells)), best) if c in self.cells]
             threads = next((int(o.split("=")[1]) for o in part.get("overrides", []) if o.startswith("train.threads=")), 1)
             self.sweep(sweep, dict(s.point(c, best[c][0], self.cells[c]["overrides"]) for c in picked),
                        part.get("seeds", s.seeds), part.get("overrides", []), jobs=max(1, self.args.jobs // threads))

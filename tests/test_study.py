@@ -97,11 +97,12 @@ def test_a_later_part_starts_from_the_recorded_bests_without_the_run_dirs(study,
     ({"parts": [{"name": "g", "kind": "grid", "sweep": "s"},
                 {"name": "r", "kind": "rerun", "of": "g", "pick": ["nope"]}]}, r"parts.r.pick: unknown cell 'nope'"),
     ({"colour": 1}, r"colour: unknown key"),
+    ({"tune": {"ladder": [1e-3], "factor": 2}}, r"tune: give one of ladder .* and factor"),
 ])
 def test_a_bad_study_file_is_one_line_naming_the_key(tmp_path, change, message):
     import yaml
 
-    d = {"experiment": "fidelity", "cells": {"pre_ln": {"overrides": {"norm": "pre_ln"}, "start": 1e-3}},
+    d = {"experiment": "fidelity", "tune": {"ladder": [1e-3, 3e-3]}, "cells": {"pre_ln": {"overrides": {"norm": "pre_ln"}, "start": 1e-3}},
          "parts": [{"name": "grid", "kind": "grid", "sweep": "s"}], **change}
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(d))
@@ -116,3 +117,46 @@ def test_unknown_study_part_and_cell_are_one_line():
         S.main(["step_scale", "--cells", "nope"])
     with pytest.raises(SystemExit, match="unknown part 'x' of study step_scale: valid parts are grid, edge, chaos, trend"):
         S.main(["step_scale", "--part", "x"])
+
+
+def fake_run_dir(sweep_dir, cell, arch, norm, optim, key, value, seed, loss):
+    import json
+
+    import yaml
+
+    label = f"{cell}-lr-{value:g}"
+    d = sweep_dir / f"{label}-s{seed}"
+    d.mkdir(parents=True)
+    lr = {"optim": {"name": optim, "lr": value}} if key == "optim.lr" else \
+        {"optim": {"name": optim, "lr": 1e-3, "muon": {"lr": value}}}
+    (d / "config.yaml").write_text(yaml.safe_dump({"model": {"arch": arch}, "norm": {"name": norm}, **lr,
+                                                   "train": {"seed": seed, "max_steps": 400, "batch_tokens": 2048}}))
+    (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"kind": "eval", "step": 0, "val_loss": 5.5}, {"kind": "eval", "step": 400, "val_loss": loss},
+        {"kind": "summary", "step": 400, "final_val_loss": loss}]) + "\n")
+    manifest = sweep_dir / "sweep.json"
+    points = json.loads(manifest.read_text())["points"] if manifest.is_file() else []
+    points.append({"dir": d.name, "label": label, "base": label})
+    manifest.write_text(json.dumps({"points": points}))
+
+
+def test_the_axes_study_report_ranks_each_block_from_the_run_dirs(tmp_path, load_script):
+    load_script("plot_curves")   # the report imports it by bare name, as scripts/ sees it
+    axes_report = load_script("axes_report")
+    study = S.Study.load("axes")
+    sweep = tmp_path / "runs" / "axes"
+    for cell, arch, norm, optim, key, start, losses in [
+            ("gpt2-pre_ln", "gpt2", "pre_ln", "adamw", "optim.lr", 3e-3, [2.40, 2.38, 2.45]),
+            ("gpt2-geonorm", "gpt2", "geonorm", "adamw", "optim.lr", 1e-2, [2.50, 2.44, 2.41]),
+            ("llama-pre_ln-muon", "llama", "pre_ln", "muon", "optim.muon.lr", 5e-2, [2.30, 2.32, 2.35])]:
+        for value, loss in zip(study.around(start), losses):
+            fake_run_dir(sweep, cell, arch, norm, optim, key, value, 0, loss)
+    best = study.best([r for r in runlib.load_sweep(sweep) if r.finished])
+    assert {c: b["value"] for c, b in best.items()} == {"gpt2-pre_ln": 3e-3, "gpt2-geonorm": 2e-2,
+                                                        "llama-pre_ln-muon": 2.5e-2}
+    axes_report.report(study, tmp_path / "runs", tmp_path / "docs", "fidelity")
+    tables = (tmp_path / "docs" / "axes" / "tables.md").read_text()
+    assert "| gpt2 | pre_ln | adamw | 0.003 | 2.380 (s0) |" in tables
+    assert "| gpt2 | geonorm | adamw | 0.02 (edge) |" in tables           # the best is the largest lr tried
+    assert "| llama | pre_ln | muon | 0.025 (edge) | 2.300 (s0) |" in tables
+    assert "| pre_ln | 1 | — | — |" in tables and (tmp_path / "docs" / "axes" / "axes.png").is_file()
