@@ -6,37 +6,27 @@ the skipped-step counters and the LR live on the device; the host reads them at 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import time
 from pathlib import Path
-from typing import NamedTuple, Optional
+from typing import Optional
 
 import torch
 from omegaconf import DictConfig
 
 from common import perplexity
-from common.provenance import code_commit
 
 from runtime import checkpoint, distributed
 
-from . import faults, resume
+from . import faults, resume, run_data
 from .config import ConfigError, RunConfig, grad_accum_steps, parse_run_config
-from .monitor import IntervalTimer, Spikes, block_grad_norms, mfu, peak_flops, read_host, stats_values
+from .monitor import (IntervalTimer, Spikes, StatsInputs, block_grad_norms, peak_flops, read_host, stats_values,
+                      train_record, validation_loss)
 from .optim import LRSchedule, build_optimizer, for_variant
-from .sinks import Sink, open_run_sinks
+from .sinks import Sink, open_run_sinks, start_line, summary_record
 
 log = logging.getLogger("nanonorm.train")
-
-
-class StatsInputs(NamedTuple):
-    """What a stats step hands to log_stats: its last micro-batch, its per-block grad norms (pre-clip)
-    and each optimizer group's relative step ||dW||/||W|| (update_ratio/*, filled after the step)."""
-    x: torch.Tensor
-    y: torch.Tensor
-    block_grad_norms: dict
-    update_ratios: dict
 
 
 class Trainer:
@@ -83,22 +73,7 @@ class Trainer:
         distributed.configure_torch(self.device, train_cfg.threads, train_cfg.deterministic)
 
     def _prepare_data(self) -> None:
-        """The prepared data dir and its tokenizer. Rank 0 prepares (downloads/tokenizes, possibly for
-        hours) first; the others wait (on a gloo group with a long timeout) and then find it ready."""
-        import data as data_mod
-
-        def prepare():
-            data_dir = Path(data_mod.prepare_dataset(self.rc.data))
-            if self.dist.is_main:  # sha256 and token ids of every shard, read once per data dir (recorded), before any rank uses them
-                tok_name = json.loads((data_dir / "meta.json").read_text())["tokenizer"]
-                data_mod.check_data_dir(data_dir, data_mod.get_tokenizer(tok_name).vocab_size, tokenizer=tok_name)
-            return data_dir
-
-        self.data_dir = distributed.main_first(prepare)
-        self.tokenizer_name = json.loads((self.data_dir / "meta.json").read_text())["tokenizer"]
-        if self.tokenizer_name != self.rc.data.tokenizer:  # the model was sized for data.tokenizer's vocabulary
-            raise ConfigError(f"data dir {self.data_dir} holds {self.tokenizer_name!r} tokens, not data.tokenizer="
-                              f"{self.rc.data.tokenizer!r}; prepare it again or use its tokenizer")
+        self.data_dir, self.tokenizer_name = run_data.prepare(self.rc.data, self.dist)
         self.mcfg = self.rc.model
         self.accum = grad_accum_steps(self.train_cfg.batch_tokens, self.train_cfg.micro_batch_size,
                                       self.mcfg.block_size, self.dist.world_size)
@@ -122,19 +97,8 @@ class Trainer:
         self.group_params = {g: [p for _, p in named] for g, named in self.model.parameter_groups().items() if named}
 
     def _build_loaders(self) -> None:
-        import data as data_mod
-
-        train_cfg, dist, block_size = self.train_cfg, self.dist, self.mcfg.block_size
-        self.loader = data_mod.TrainLoader(self.data_dir, train_cfg.micro_batch_size, block_size, grad_accum=self.accum,
-                                           rank=dist.rank, world_size=dist.world_size, seed=train_cfg.seed)
-        self.val = data_mod.ValLoader(self.data_dir, train_cfg.eval_batch_size or train_cfg.micro_batch_size, block_size,
-                                      token_budget=train_cfg.eval_tokens, rank=dist.rank, world_size=dist.world_size)
-        budget = train_cfg.eval_tokens
-        if budget is not None and self.val.num_tokens != budget and dist.is_main:  # whole sequences only: say so once
-            log.warning(f"train.eval_tokens={budget} is scored as {self.val.num_sequences} whole sequence(s) of "
-                        f"{block_size} tokens = {self.val.num_tokens} tokens"
-                        + (" (all the validation split has)" if self.val.num_sequences < max(1, budget // block_size)
-                           else ""))
+        self.loader, self.val = run_data.loaders(self.data_dir, self.train_cfg, self.mcfg.block_size, self.accum,
+                                                 self.dist)
 
     def _init_run_state(self) -> None:
         """Counters, per-step buffers and monitors of a fresh run (a resume then loads them).
@@ -165,13 +129,8 @@ class Trainer:
         self._flag_group = distributed.new_cpu_group() if self.dist.enabled else None
 
     def _log_start(self, resume_path: Optional[Path]) -> None:
-        dist, train_cfg = self.dist, self.train_cfg
-        if dist.is_main and self.log_cfg.console:
-            log.info(f"run dir {self.run_dir} | {self.mcfg.norm.name} | {self.model.num_params() / 1e6:.2f}M params | "
-                     f"{dist.world_size} rank(s) x {train_cfg.micro_batch_size} seq x {self.mcfg.block_size} tok x "
-                     f"{self.accum} accum = {train_cfg.batch_tokens} tok/step | {self.precision} | "
-                     f"compile={self.use_compile} | device {self.device}"
-                     + (f" | resumed from {resume_path} at step {self.step}" if resume_path else ""))
+        if self.dist.is_main and self.log_cfg.console:
+            log.info(start_line(self, resume_path))
 
     def _resolve_resume(self) -> Optional[Path]:
         """Rank 0 claims the run dir and decides (fresh, resume from which file, or error: trainer/resume.py);
@@ -265,13 +224,7 @@ class Trainer:
     def _stop_diverged(self, s: int, consec: int, result: dict) -> None:
         """Too many non-finite steps in a row: evaluate, checkpoint, and end the run as diverged."""
         result["diverged"] = True
-        limit = self.train_cfg.max_skipped
-        # The count is read at logging steps (no per-step host sync), so it can pass the limit before the
-        # stop; a skipped step changes nothing, so the model is still as after step s - consec.
-        msg = (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped (train.max_skipped={limit} "
-               f"was reached at step {s - consec + limit}; it is checked at logging steps, every "
-               f"logging.log_interval={self.log_cfg.log_interval}); the run has diverged, and its weights are "
-               f"those after step {s - consec}")
+        msg = resume.diverged_message(s, consec, self.train_cfg.max_skipped, self.log_cfg.log_interval)
         if self.dist.is_main:  # every rank stops with the same message: say it once
             log.error(msg)
         result["message"] = msg
@@ -345,12 +298,7 @@ class Trainer:
         for spike in self.spikes.update(s - n + 1, bt, loss=h["loss"], grad_norm=h["grad_norm"]):
             if self.dist.is_main:
                 self.emit(spike)
-        tps = timed * bt / max(elapsed, 1e-9) if timed else None
-        rec = {"kind": "train", "step": s, "tokens": s * bt, "loss": _fmean(h["loss"]),
-               "loss_max": _fmean(h["loss_max"]), "lr": h["lr"][0], "grad_norm": _fmean(h["grad_norm"]),
-               "tokens_per_s": tps, "step_time": elapsed / timed if timed else None,
-               "mfu": mfu(self.flops_per_token, tps / W, self.peak) if timed else None,
-               "skipped_steps": int(h["skipped"][0]), **self.spikes.counts()}
+        rec = train_record(s, bt, h, elapsed, timed, W, self.flops_per_token, self.peak, self.spikes.counts())
         signal_seen, consec = h["flag"][0] > 0, int(h["consec"][0])
         if self.compile_s is not None:  # once, in the first record after the compiling step
             rec["compile_s"], self.compile_s = self.compile_s, None
@@ -358,24 +306,9 @@ class Trainer:
             self.emit(rec)
         return (self.stop.received or "SIGTERM/SIGUSR1 (on another rank)") if signal_seen else None, consec
 
-    @torch.no_grad()
     def evaluate(self) -> None:
-        """Mean loss over the fixed validation budget, summed over ranks (padding targets are -1)."""
-        m = self.fwd_model
-        m.eval()
-        tot = torch.zeros(2, dtype=torch.float64, device=self.device)
-        for x, y in self.val:
-            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
-            with self.autocast():
-                _, loss = m(x, y)
-            n = (y != -1).sum()
-            tot[0] += torch.where(n > 0, loss.double() * n, torch.zeros((), dtype=torch.float64, device=self.device))
-            tot[1] += n
-        m.train()
-        distributed.all_reduce_(tot, "sum")
-        loss_sum, count = tot.tolist()
-        val = loss_sum / count if count else float("nan")
-        self.last_val = val
+        """The validation loss (monitor.validation_loss: the fixed budget, over every rank), recorded."""
+        val = self.last_val = validation_loss(self.fwd_model, self.val, self.autocast, self.device)
         if math.isfinite(val):
             self.best_val = min(self.best_val, val)
         if self.dist.is_main:
@@ -407,14 +340,7 @@ class Trainer:
     def _finish(self, result: dict, summary: bool) -> dict:
         result["steps"] = self.step
         if summary and self.dist.is_main:
-            rec = {"kind": "summary", "step": self.step, "tokens": self.step * self.train_cfg.batch_tokens,
-                   "final_val_loss": self.last_val,
-                   "final_val_ppl": perplexity(self.last_val),
-                   "best_val_loss": self.best_val if math.isfinite(self.best_val) else None,
-                   **self.spikes.counts(),
-                   "skipped_steps": int(self.skipped.item()), "diverged": bool(result["diverged"]),
-                   "steps": self.step, "norm": self.mcfg.norm.name, "seed": self.train_cfg.seed,
-                   "wall_s": time.perf_counter() - self._wall0, "train_s": self._train_s(), "commit": code_commit()}
+            rec = summary_record(self, result["diverged"], wall_s=time.perf_counter() - self._wall0)
             self.emit(rec)
             result["summary"] = rec
         return result
@@ -432,11 +358,6 @@ class Trainer:
         torch.set_num_threads(self._was_threads)
         for s in self.sinks:
             s.close()
-
-
-def _fmean(xs):
-    f = [x for x in xs if math.isfinite(x)]
-    return sum(f) / len(f) if f else float("nan")
 
 
 def train(cfg: DictConfig, sinks: Optional[list] = None) -> dict:

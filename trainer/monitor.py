@@ -7,11 +7,57 @@ import math
 import time
 import types
 from collections import deque
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
+from runtime import distributed
+
 log = logging.getLogger("nanonorm.train")
+
+
+class StatsInputs(NamedTuple):
+    """What a stats step hands to the stats record: its last micro-batch, its per-block grad norms
+    (pre-clip) and each optimizer group's relative step ||dW||/||W|| (update_ratio/*, filled after the step)."""
+    x: torch.Tensor
+    y: torch.Tensor
+    block_grad_norms: dict
+    update_ratios: dict
+
+
+def _fmean(xs):
+    f = [x for x in xs if math.isfinite(x)]
+    return sum(f) / len(f) if f else float("nan")
+
+
+@torch.no_grad()
+def validation_loss(model, val, autocast, device) -> float:
+    """Mean loss over the fixed validation budget (`val`), summed over ranks; padding targets are -1."""
+    model.eval()
+    tot = torch.zeros(2, dtype=torch.float64, device=device)
+    for x, y in val:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with autocast():
+            _, loss = model(x, y)
+        n = (y != -1).sum()
+        tot[0] += torch.where(n > 0, loss.double() * n, torch.zeros((), dtype=torch.float64, device=device))
+        tot[1] += n
+    model.train()
+    distributed.all_reduce_(tot, "sum")
+    loss_sum, count = tot.tolist()
+    return loss_sum / count if count else float("nan")
+
+
+def train_record(s: int, batch_tokens: int, h: dict, elapsed: float, timed: int, world: int,
+                 flops_per_token: float, peak: Optional[float], spike_counts: dict) -> dict:
+    """The `train` record of a logging step from the host values `h` (read_host) of its interval:
+    `elapsed` seconds over `timed` steps (throughput and MFU null when none was timed)."""
+    tps = timed * batch_tokens / max(elapsed, 1e-9) if timed else None
+    return {"kind": "train", "step": s, "tokens": s * batch_tokens, "loss": _fmean(h["loss"]),
+            "loss_max": _fmean(h["loss_max"]), "lr": h["lr"][0], "grad_norm": _fmean(h["grad_norm"]),
+            "tokens_per_s": tps, "step_time": elapsed / timed if timed else None,
+            "mfu": mfu(flops_per_token, tps / world, peak) if timed else None,
+            "skipped_steps": int(h["skipped"][0]), **spike_counts}
 
 
 class SpikeDetector:

@@ -236,6 +236,15 @@ class StopSignal:
 
 # --- what a checkpoint holds of a run, and continuing from one -------------------------------------
 
+def diverged_message(s: int, consec: int, limit: int, log_interval: int) -> str:
+    """Why a run stops as diverged. The count is read at logging steps (no per-step host sync), so it can
+    pass the limit before the stop; a skipped step changes nothing, so the model is as after s - consec."""
+    return (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped (train.max_skipped={limit} "
+            f"was reached at step {s - consec + limit}; it is checked at logging steps, every "
+            f"logging.log_interval={log_interval}); the run has diverged, and its weights are "
+            f"those after step {s - consec}")
+
+
 def state(tr, rng_per_rank: list) -> dict:
     """The checkpoint of trainer `tr` (rank 0): model, optimizer, schedule counters, monitors, every
     rank's RNG streams (`rng_per_rank`), the data position, the config, and the training time so far."""

@@ -161,6 +161,27 @@ class ConsoleSink(Sink):
         ]
 
 
+def start_line(tr, resume_path) -> str:
+    """The console's first line of a run: where, what, how big a step, on what."""
+    t, m = tr.train_cfg, tr.mcfg
+    return (f"run dir {tr.run_dir} | {m.norm.name} | {tr.model.num_params() / 1e6:.2f}M params | "
+            f"{tr.dist.world_size} rank(s) x {t.micro_batch_size} seq x {m.block_size} tok x {tr.accum} accum = "
+            f"{t.batch_tokens} tok/step | {tr.precision} | compile={tr.use_compile} | device {tr.device}"
+            + (f" | resumed from {resume_path} at step {tr.step}" if resume_path else ""))
+
+
+def summary_record(tr, diverged: bool, wall_s: float) -> dict:
+    """The run's last record (`summary`): final and best validation loss, spikes, skipped steps, times."""
+    from common.provenance import code_commit
+
+    return {"kind": "summary", "step": tr.step, "tokens": tr.step * tr.train_cfg.batch_tokens,
+            "final_val_loss": tr.last_val, "final_val_ppl": perplexity(tr.last_val),
+            "best_val_loss": tr.best_val if math.isfinite(tr.best_val) else None, **tr.spikes.counts(),
+            "skipped_steps": int(tr.skipped.item()), "diverged": bool(diverged), "steps": tr.step,
+            "norm": tr.mcfg.norm.name, "seed": tr.train_cfg.seed, "wall_s": wall_s, "train_s": tr._train_s(),
+            "commit": code_commit()}
+
+
 def open_run_sinks(run_dir: Path, rc, step: int, resumed: bool, config_changed: bool,
                    wandb_run_id: Optional[str]) -> tuple[list, Optional[str]]:
     """Rank 0 at the start of a run: config.yaml (a changed config on resume keeps the old one beside it
