@@ -56,6 +56,7 @@ class GPTConfig:
     mlp: Literal["gelu", "swiglu", "relu2"] = "gelu"  # gelu (GPT-2), swiglu (LLaMA), relu2 (modded-nanogpt)
     mlp_hidden: Optional[int] = None     # null: 4d (gelu, relu2); 8d/3 rounded up to a multiple of 64 (swiglu)
     qk_norm: bool = False                # RMSNorm (no gain) of q and k per head before attention
+    attn_gate: Literal["none", "elementwise", "headwise"] = "none"  # sigmoid gate on attention's output before c_proj, from the sublayer input (Gated Attention, arXiv 2505.06708, G1): per element or per head
     init: str = "nanogpt"                # weight init scheme: nanogpt (N(0, 0.02)) | fan_in (N(0, 1/fan_in)); model/init.py
     embed_std: Optional[float] = None    # std of the token/position embeddings at init; null: the init scheme's
     # --- normalization (Hydra group `norm`): the variant's name and its own options ---

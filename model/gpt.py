@@ -1,7 +1,7 @@
 """GPT-2 (as in nanoGPT) with the residual-stream normalization taken from a variant class.
 
-Architecture axes (GPTConfig: pos_emb, mlp, bias, tie_embeddings, qk_norm; the `arch` presets set
-them together) turn it into a LLaMA-, modded-nanogpt- or GPT-NeoX-style block; the default is GPT-2.
+Architecture axes (GPTConfig: pos_emb, mlp, bias, tie_embeddings, qk_norm, attn_gate; the `arch` presets
+set the first five together) turn it into a LLaMA-, modded-nanogpt- or GPT-NeoX-style block; the default is GPT-2.
 Read top to bottom: KV cache, attention, MLP, a block (two sublayers, each wrapped by the variant's
 rule), and the GPT (embeddings -> input step -> blocks -> output step -> LM head).
 """
@@ -62,6 +62,10 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v stacked (rows)
         self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.qk_norm, self.eps = cfg.qk_norm, cfg.norm.eps
+        # Gated attention (Qiu et al., arXiv 2505.06708, Eq. 5 at position G1): Y' = Y * sigmoid(x W_g), x the
+        # sublayer's input, one gate per element of each head (W_g: d x d) or per head (W_g: d x n_head).
+        self.gate = None if cfg.attn_gate == "none" else nn.Linear(
+            cfg.n_embd, cfg.n_embd if cfg.attn_gate == "elementwise" else cfg.n_head, bias=cfg.bias)
         self.qk_step = variant.attention_step(cfg)  # the variant's own treatment of q, k (nGPT)
         self.scale = getattr(self.qk_step, "softmax_scale", None)  # None: SDPA's 1/sqrt(hd)
         self.dropout = cfg.dropout
@@ -89,6 +93,8 @@ class CausalSelfAttention(nn.Module):
             if T > 1:  # new queries see the whole cache and the causal part of themselves
                 mask = torch.arange(pos + T, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale)
+        if self.gate is not None:  # (B, T, n_head, hd or 1) -> each head's output times its gates
+            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

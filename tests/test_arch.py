@@ -156,6 +156,7 @@ def test_presets_set_the_documented_axes():
     (dict(rope_base=0.5), "model.rope_base"),
     (dict(mlp_hidden=0), "model.mlp_hidden"),
     (dict(qk_norm="yes"), "model.qk_norm"),
+    (dict(attn_gate="yes"), "model.attn_gate='yes': valid: none, elementwise, headwise"),
 ])
 def test_bad_axes_fail_with_one_line(kw, match):
     with pytest.raises(ConfigError, match=match) as err:
@@ -184,3 +185,45 @@ def test_every_variant_trains_every_parameter_on_every_preset(arch):
         loss.backward()
         for name, p in model.named_parameters():
             assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, norm, name)
+
+
+@pytest.mark.parametrize("gate", ["elementwise", "headwise"])
+@pytest.mark.parametrize("norm", ["pre_ln", "proj_spheret"])
+def test_a_gate_of_exactly_one_is_the_ungated_model(gate, norm):
+    """Gated attention (arXiv 2505.06708): with every gate at exactly 1 (weights 0, bias 30: sigmoid(30)
+    is 1.0 in float32) the model is the ungated one with the same other weights; at init it is not."""
+    torch.manual_seed(0)
+    plain = sharp(GPT(preset("llama", norm, bias=True)))
+    gated = GPT(preset("llama", norm, bias=True, attn_gate=gate)).eval()
+    missing = gated.load_state_dict(plain.state_dict(), strict=False).missing_keys
+    assert sorted(missing) == sorted(f"blocks.{i}.attn.gate.{p}" for i in range(N) for p in ("weight", "bias"))
+    x = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
+    assert not torch.allclose(gated(x)[0], plain(x)[0])           # gates at their init values (about 0.5)
+    with torch.no_grad():
+        for b in gated.blocks:
+            b.attn.gate.weight.zero_()
+            b.attn.gate.bias.fill_(30.0)
+    assert torch.equal(gated(x)[0], plain(x)[0])
+
+
+@pytest.mark.parametrize("gate, per_layer", [("elementwise", D * D + D), ("headwise", D * H + H)])
+def test_the_gate_adds_its_matrix_to_the_matrices_group_and_generates_with_a_cache(gate, per_layer):
+    base, gated = GPT(preset("llama", bias=True)), GPT(preset("llama", bias=True, attn_gate=gate))
+    assert gated.num_params() - base.num_params() == N * per_layer
+    groups = {g: [n for n, _ in ps if ".gate." in n] for g, ps in gated.parameter_groups().items()}
+    assert groups["matrices"] == [f"blocks.{i}.attn.gate.weight" for i in range(N)]
+    assert groups["vectors"] == [f"blocks.{i}.attn.gate.bias" for i in range(N)]
+    torch.manual_seed(0)
+    model = sharp(gated)
+    prompt = torch.randint(0, V, (2, 5), generator=torch.Generator().manual_seed(1))
+    for new in (T - 5, T + 4):
+        assert torch.equal(generate(model, prompt, new, temperature=0, use_cache=True),
+                           generate(model, prompt, new, temperature=0, use_cache=False))
+
+
+@pytest.mark.slow
+def test_gated_attention_trains_and_resumes_exactly(tmp_path):
+    from helpers import assert_resume_is_exact
+
+    a, _ = assert_resume_is_exact(tmp_path, "model.attn_gate=headwise", "arch=llama", "train.max_steps=6")
+    assert "blocks.0.attn.gate.weight" in a["model"]
