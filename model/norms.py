@@ -65,6 +65,38 @@ class DyT(nn.Module):
         return self.weight * torch.tanh(self.alpha * x) + self.bias
 
 
+class Derf(nn.Module):
+    """Dynamic erf (Chen et al., arXiv 2512.10938, Eq. 1): gamma * erf(alpha * x + s) + beta; alpha and the
+    shift s learnable scalars (init 1 and 0: the paper's language-model setting), gamma, beta per channel
+    (beta always: it is part of the function, whatever model.bias says)."""
+
+    optim_groups = {"alpha": "scalars", "shift": "scalars", "weight": "vectors", "bias": "vectors"}
+
+    def __init__(self, dim: int, alpha_init: float = 1.0, shift_init: float = 0.0):
+        super().__init__()
+        self.alpha = nn.Parameter(torch.tensor(float(alpha_init)))
+        self.shift = nn.Parameter(torch.tensor(float(shift_init)))
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.bias = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        return self.weight * torch.erf(self.alpha * x + self.shift) + self.bias
+
+
+class ScaledInput(nn.Module):
+    """h = s * e with a learnable scalar s, init sqrt(d): the input step of Derf's (and DyT's) nanoGPT
+    recipe (arXiv 2512.10938, its language-model code), which puts the stream at RMS ~ 0.02 sqrt(d)."""
+
+    optim_groups = {"s": "scalars"}
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.s = nn.Parameter(torch.tensor(math.sqrt(dim)))
+
+    def forward(self, x):
+        return self.s * x
+
+
 class ScaleNorm(nn.Module):
     """Modified ScaleNorm (SpheretNorm's input step): g * sqrt(d) * e / ||e||, scalar g (init 1).
 
@@ -106,6 +138,11 @@ def _rmsnorm(cfg: "GPTConfig") -> nn.Module:
     return RMSNorm(cfg.n_embd, cfg.norm.eps)
 
 
+@NORM_KINDS.register("derf")
+def _derf(cfg: "GPTConfig") -> nn.Module:
+    return Derf(cfg.n_embd)                                         # point-wise: norm.eps is not read
+
+
 def make_norm(cfg: "GPTConfig") -> nn.Module:
     """`Norm` of docs/variants.md (`norm.kind`); every instance has its own parameters."""
     return NORM_KINDS[cfg.norm.kind](cfg)
@@ -124,6 +161,11 @@ def _norm_input_step(cfg: "GPTConfig") -> nn.Module:
 @INPUT_STEPS.register("scalenorm")
 def _scalenorm_input_step(cfg: "GPTConfig") -> nn.Module:
     return ScaleNorm(cfg.n_embd, learnable=cfg.norm.learn_radius)       # h = g sqrt(d) e/||e||: SpheretNorm
+
+
+@INPUT_STEPS.register("scaled")
+def _scaled_input_step(cfg: "GPTConfig") -> nn.Module:
+    return ScaledInput(cfg.n_embd)                                  # h = s e, s init sqrt(d): pre_derf
 
 
 @INPUT_STEPS.register("unit")

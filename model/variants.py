@@ -52,9 +52,9 @@ def _is_number(v: Any) -> bool:
 class NormOptions:
     """The `norm.*` keys every variant reads (its Norms, input and output step)."""
     name: str = "pre_ln"              # the variant: a name registered in model/variants.py
-    kind: str = "layernorm"           # layernorm | rmsnorm (every Norm of the variant)
+    kind: str = "layernorm"           # layernorm | rmsnorm | derf (every Norm of the variant)
     eps: float = 1e-5                 # epsilon of every Norm
-    embed_norm: str = "none"          # input step: none | layer | scalenorm | unit
+    embed_norm: str = "none"          # input step: none | layer | scalenorm | unit | scaled
     final_norm: bool = True           # output Norm before the LM head
     learn_radius: bool = True         # input step scalenorm: its radius g learnable (false: fixed at 1)
 
@@ -673,3 +673,45 @@ class NGPT(Variant):
     def after_step(cls, model, applied):
         for w, dim in cls.unit_matrices(model):  # a tied head is normalized twice: the same rows, idempotent
             w.copy_(torch.where(applied, _unit(w, dim), w))
+
+
+# --- the residual-stream methods of 2025-26 (registered last: earlier variants keep their order) ---
+
+@register("pre_derf")
+class PreDerf(PreLN):
+    """Pre-Derf (Chen et al., arXiv 2512.10938, its nanoGPT recipe): h = s e (s learnable, init sqrt(d));
+    h <- h + F(Derf(h));  output Derf(h);  Derf(x) = gamma erf(alpha x + shift) + beta (Eq. 1).
+    Pre-LN with norm.kind=derf and the scaled input step; any variant takes norm.kind=derf."""
+
+    @dataclass
+    class Options(NormOptions):
+        kind: str = "derf"            # layernorm | rmsnorm | derf (every Norm of the variant)
+        embed_norm: str = "scaled"    # input step: none | layer | scalenorm | unit | scaled
+
+
+@register("ortho_pre_ln")
+class OrthoPreLN(Variant):
+    """Orthogonal residual update (Oh et al., arXiv 2505.11881, Eq. 4 with its stabiliser eps): h = e;
+    s = F(Norm(h));  h <- h + (s - (<s,h>/(||h||^2 + eps)) h);  output Norm(h). Only the part of the
+    sublayer's output orthogonal to its token's stream is added: the stream is turned and lengthened
+    (||h||^2 grows by ||s_perp||^2), never scaled along itself. Between Pre-LN and the sphere family:
+    the tangent projection without a retraction. Dots in float32 [choice]; per token, over d."""
+
+    @dataclass
+    class Options(NormOptions):
+        ortho_eps: float = 1e-6           # eps in <s,h>/(||h||^2 + eps) (the paper's code: 1e-6)
+
+        def __post_init__(self):
+            super().__post_init__()
+            if not (_is_number(self.ortho_eps) and self.ortho_eps >= 0):
+                bad("norm.ortho_eps", self.ortho_eps, "must be a number >= 0")
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.norm, self.eps = make_norm(cfg), cfg.norm.ortho_eps
+
+    def forward(self, h, f):
+        s = f(self.norm(h))
+        h32, s32 = h.float(), s.float()
+        coef = (h32 * s32).sum(-1, keepdim=True) / ((h32 * h32).sum(-1, keepdim=True) + self.eps)
+        return h + (s32 - coef * h32).to(h.dtype)

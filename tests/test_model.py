@@ -42,7 +42,8 @@ def expected_params(norm, d=D, n=N, v=V, t=T, first_layer="v2"):
         "pre_dyt": (sub + 1) * (2 * d + 1),
         "geonorm": 2 * sub + ln + sub * ln,    # a, b; final norm; Norm(h) of each sublayer's input
         "spheret": sub + 1 + ln, "proj_spheret": sub + 1 + ln, "cay_spheret": sub + 1 + ln,
-        "lns": (sub + 1) * ln, "mix_ln": (sub + 1) * ln,
+        "lns": (sub + 1) * ln, "mix_ln": (sub + 1) * ln, "ortho_pre_ln": (sub + 1) * ln,
+        "pre_derf": (sub + 1) * (2 * d + 2) + 1,  # Derf: gamma, beta, alpha, shift; the input scale s
         "ngpt": sub * d + n * d + n * 4 * d + v,  # alpha per sublayer, s_qk, s_v (GELU: no s_u), s_z; no norms
     }[norm]
     return body + extra

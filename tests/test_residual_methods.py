@@ -1,0 +1,96 @@
+"""The residual-stream methods of 2025-26 against independent reference formulas on a 1-block model:
+the orthogonal residual update (ortho_pre_ln) and Derf (pre_derf, norm.kind=derf); each also resumes
+exactly and generates with a cache."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model import GPT
+from model.generate import generate
+
+from helpers import assert_resume_is_exact, gpt_config
+
+V, T, D = 256, 16, 32
+
+
+def one_block(norm, **kw):
+    torch.manual_seed(0)
+    model = GPT(gpt_config(norm, vocab_size=V, block_size=T, n_layer=1, n_head=2, n_embd=D, **kw)).eval()
+    with torch.no_grad():   # weights larger than the init, so every sublayer's output matters
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+    return model
+
+
+def tokens(b=3, seed=1):
+    return torch.randint(0, V, (b, T), generator=torch.Generator().manual_seed(seed))
+
+
+def test_the_orthogonal_update_adds_a_vector_orthogonal_to_the_stream():
+    model = one_block("ortho_pre_ln", ortho_eps=0.0)
+    _, _, hidden = model(tokens(), return_hidden=True)
+    for h, h_next in zip(hidden[:-1], hidden[1:]):   # attention, then the MLP
+        delta = (h_next - h).double()
+        cos = (delta * h.double()).sum(-1) / (delta.norm(dim=-1) * h.double().norm(dim=-1))
+        assert cos.abs().max() < 1e-5      # float32 precision: the update has no part along h
+        assert (delta.norm(dim=-1) > 1e-3 * h.norm(dim=-1)).all()   # and it is not nothing
+        assert (h_next.norm(dim=-1) >= h.norm(dim=-1) * (1 - 1e-6)).all()   # so it can only lengthen h
+
+
+def test_ortho_pre_ln_matches_the_reference_formula():
+    """h1 = h0 + s - <s,h0>/(||h0||^2 + eps) h0, s = attn(LN(h0)), computed here in float64."""
+    model = one_block("ortho_pre_ln", ortho_eps=1e-2)   # a large eps, so that the formula's eps is checked too
+    x = tokens()
+    _, _, hidden = model(x, return_hidden=True)
+    h0 = hidden[0]
+    block = model.blocks[0]
+    s = block.attn(F.layer_norm(h0, (D,), block.attn_rule.norm.weight, block.attn_rule.norm.bias, 1e-5)).double()
+    h0d = h0.double()
+    ref = h0d + s - (s * h0d).sum(-1, keepdim=True) / ((h0d * h0d).sum(-1, keepdim=True) + 1e-2) * h0d
+    assert torch.allclose(hidden[1].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_pre_derf_matches_the_reference_formula():
+    """h0 = s (wte + wpe), s = sqrt(d); h1 = h0 + attn(gamma erf(alpha h0 + shift) + beta), in float64, with
+    every Derf parameter moved off its init so that each one is checked."""
+    model = one_block("pre_derf")
+    norm = model.blocks[0].attn_rule.norm
+    with torch.no_grad():
+        norm.alpha.fill_(0.7)
+        norm.shift.fill_(0.1)
+        norm.weight.uniform_(0.5, 1.5)
+        norm.bias.uniform_(-0.1, 0.1)
+    x = tokens()
+    _, _, hidden = model(x, return_hidden=True)
+    e = (model.wte(x) + model.wpe(torch.arange(T))).double()
+    assert torch.allclose(hidden[0].double(), D ** 0.5 * e, atol=1e-6)
+    u = norm.weight.double() * torch.erf(0.7 * hidden[0].double() + 0.1) + norm.bias.double()
+    ref = hidden[0].double() + model.blocks[0].attn(u.float()).double()
+    assert torch.allclose(hidden[1].double(), ref, atol=1e-5, rtol=1e-5)
+    groups = {n: g for g, ps in model.parameter_groups().items() for n, _ in ps}
+    assert groups["input_step.s"] == groups["blocks.0.attn_rule.norm.alpha"] == "scalars"
+    assert groups["blocks.0.attn_rule.norm.weight"] == "vectors"
+
+
+def test_derf_is_a_norm_kind_of_every_variant():
+    for norm in ("post_ln", "peri_ln", "geonorm"):
+        model = one_block(norm, kind="derf")
+        assert any(type(m).__name__ == "Derf" for m in model.modules()), norm
+        logits = model(tokens())[0]
+        assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("norm", ["ortho_pre_ln", "pre_derf"])
+def test_cached_generation_equals_uncached(norm):
+    model = one_block(norm)
+    prompt = tokens(2)[:, :5]
+    for new in (T - 5, T + 4):
+        assert torch.equal(generate(model, prompt, new, temperature=0, use_cache=True),
+                           generate(model, prompt, new, temperature=0, use_cache=False))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("norm", ["ortho_pre_ln", "pre_derf"])
+def test_resume_is_exact(tmp_path, norm):
+    assert_resume_is_exact(tmp_path, f"norm={norm}", "train.max_steps=6")
