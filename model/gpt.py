@@ -66,6 +66,7 @@ class CausalSelfAttention(nn.Module):
         # sublayer's input, one gate per element of each head (W_g: d x d) or per head (W_g: d x n_head).
         self.gate = None if cfg.attn_gate == "none" else nn.Linear(
             cfg.n_embd, cfg.n_embd if cfg.attn_gate == "elementwise" else cfg.n_head, bias=cfg.bias)
+        self.qkv_step = variant.qkv_step(cfg)       # the variant's own treatment of q, k, v (HybridNorm)
         self.qk_step = variant.attention_step(cfg)  # the variant's own treatment of q, k (nGPT)
         self.scale = getattr(self.qk_step, "softmax_scale", None)  # None: SDPA's 1/sqrt(hd)
         self.dropout = cfg.dropout
@@ -74,6 +75,8 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, rope=None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        if self.qkv_step is not None:
+            q, k, v = self.qkv_step(q, k, v)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.qk_norm:  # modded-nanogpt: RMSNorm without gain, per head, before the rotation
             q, k = F.rms_norm(q, (q.size(-1),), eps=self.eps), F.rms_norm(k, (k.size(-1),), eps=self.eps)

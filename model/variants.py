@@ -110,6 +110,12 @@ class Variant(nn.Module):
     optim_overrides: Dict[str, Any] = {}  # OptimConfig fields the variant fixes; weight_decay: every group's
 
     @classmethod
+    def qkv_step(cls, cfg: "GPTConfig") -> Optional[nn.Module]:
+        """A module applied to q, k, v [B, T, d] right after their projection, `(q, k, v) -> (q, k, v)`,
+        before the heads are split and RoPE turns them (HybridNorm's QKV-Norm). One per attention sublayer."""
+        return None
+
+    @classmethod
     def attention_step(cls, cfg: "GPTConfig") -> Optional[nn.Module]:
         """A module applied to q, k [B, H, T, hd] after RoPE, `(q, k) -> (q, k)`; its `softmax_scale`
         replaces SDPA's 1/sqrt(hd). One per attention sublayer."""
@@ -715,3 +721,47 @@ class OrthoPreLN(Variant):
         h32, s32 = h.float(), s.float()
         coef = (h32 * s32).sum(-1, keepdim=True) / ((h32 * h32).sum(-1, keepdim=True) + self.eps)
         return h + (s32 - coef * h32).to(h.dtype)
+
+
+class _QKVNorm(nn.Module):
+    """HybridNorm's QKV-Norm: q, k and v each through its own Norm (norm.kind) over the full width d."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.q, self.k, self.v = make_norm(cfg), make_norm(cfg), make_norm(cfg)
+
+    def forward(self, q, k, v):
+        return self.q(q), self.k(k), self.v(v)
+
+
+@register("hybridnorm")
+class HybridNorm(Variant):
+    """HybridNorm (Zhuo et al., arXiv 2503.04598, Sec. 3): h = e;  attention: h <- h + Attn_QKV(h), whose
+    q, k, v are each normalised right after their projection (QKV-Norm) and which reads the stream
+    itself;  MLP: n = Norm(h), h <- n + F(n) (Post-Norm: the residual path starts after the norm);
+    output Norm(h) [choice].  norm.star=true is HybridNorm*: the first block is Pre-Norm (attention
+    reads Norm(h), QKV-Norm kept; MLP h + F(Norm(h)))."""
+
+    @dataclass
+    class Options(NormOptions):
+        star: bool = False                # HybridNorm*: the first block Pre-Norm (the paper's variant)
+
+        def __post_init__(self):
+            super().__post_init__()
+            if not isinstance(self.star, bool):
+                bad("norm.star", self.star, "must be true or false")
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.pre = cfg.norm.star and self.k == 1
+        self.norm = make_norm(cfg) if self.pre or not self.is_attn else None
+
+    def forward(self, h, f):
+        if self.is_attn:
+            return h + f(h if self.norm is None else self.norm(h))
+        n = self.norm(h)
+        return h + f(n) if self.pre else n + f(n)
+
+    @classmethod
+    def qkv_step(cls, cfg):
+        return _QKVNorm(cfg)

@@ -27,7 +27,8 @@ from data.files import atomic_open  # noqa: E402
 
 # One colour per variant, fixed by its place in the registry, so a variant looks the same in every
 # figure. tab10 plus enough distinct extras for every registered variant.
-PALETTE = list(plt.get_cmap("tab10").colors) + ["#000000", "#b8860b", "#00a6a6", "#7b68ee", "#9acd32"]
+PALETTE = list(plt.get_cmap("tab10").colors) + ["#000000", "#b8860b", "#00a6a6", "#7b68ee", "#9acd32", "#8b4513",
+                                                 "#ff1493", "#2f4f4f", "#6b8e23", "#4682b4"]
 VARIANT_COLORS = dict(zip(runlib.VARIANT_ORDER, PALETTE))
 # Curves that are not one variant each (an ablation's points, all of one variant): these, in turn.
 OTHER_COLORS = list(plt.get_cmap("Dark2").colors) + list(plt.get_cmap("Set1").colors)

@@ -1,6 +1,6 @@
 """The residual-stream methods of 2025-26 against independent reference formulas on a 1-block model:
-the orthogonal residual update (ortho_pre_ln) and Derf (pre_derf, norm.kind=derf); each also resumes
-exactly and generates with a cache."""
+the orthogonal residual update (ortho_pre_ln), Derf (pre_derf, norm.kind=derf) and HybridNorm; each
+also resumes exactly and generates with a cache."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -81,7 +81,39 @@ def test_derf_is_a_norm_kind_of_every_variant():
         assert torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("norm", ["ortho_pre_ln", "pre_derf"])
+def _attention_reference(attn, x, qkv_norms=None):
+    """Causal self-attention written out: q, k, v = x W (each through its norm), heads, softmax, W_o."""
+    B, Tt, C = x.shape
+    q, k, v = attn.c_attn(x).split(C, dim=2)
+    if qkv_norms is not None:
+        q, k, v = (F.layer_norm(t, (C,), n.weight, n.bias, 1e-5) for t, n in zip((q, k, v), qkv_norms))
+    q, k, v = (t.view(B, Tt, 2, C // 2).transpose(1, 2).double() for t in (q, k, v))
+    scores = q @ k.transpose(-1, -2) / (C // 2) ** 0.5
+    scores = scores.masked_fill(torch.triu(torch.ones(Tt, Tt, dtype=torch.bool), 1), float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(B, Tt, C)
+    return F.linear(y, attn.c_proj.weight.double(), attn.c_proj.bias.double())
+
+
+@pytest.mark.parametrize("star", [False, True])
+def test_hybridnorm_matches_the_reference_formula(star):
+    """Attention reads h, q/k/v each LayerNormed after the projection: h1 = h0 + Attn_QKV(h0); MLP
+    post-norm: n = LN(h1), h2 = n + MLP(n). HybridNorm* (star): block 1 is Pre-Norm instead."""
+    model = one_block("hybridnorm", star=star)
+    block = model.blocks[0]
+    _, _, hidden = model(tokens(), return_hidden=True)
+    h0, h1, h2 = (t.double() for t in hidden)
+    qkv = block.attn.qkv_step
+    a_in = hidden[0] if not star else F.layer_norm(hidden[0], (D,), block.attn_rule.norm.weight,
+                                                    block.attn_rule.norm.bias, 1e-5)
+    assert torch.allclose(h1, h0 + _attention_reference(block.attn, a_in, (qkv.q, qkv.k, qkv.v)), atol=1e-5)
+    mnorm = block.mlp_rule.norm
+    n = F.layer_norm(hidden[1], (D,), mnorm.weight, mnorm.bias, 1e-5)
+    ref = (hidden[1].double() if star else n.double()) + block.mlp(n).double()
+    assert torch.allclose(h2, ref, atol=1e-5)
+    assert (block.attn_rule.norm is None) != star      # no pre-norm before attention, but in HybridNorm*'s first block
+
+
+@pytest.mark.parametrize("norm", ["ortho_pre_ln", "pre_derf", "hybridnorm"])
 def test_cached_generation_equals_uncached(norm):
     model = one_block(norm)
     prompt = tokens(2)[:, :5]
@@ -91,6 +123,6 @@ def test_cached_generation_equals_uncached(norm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("norm", ["ortho_pre_ln", "pre_derf"])
+@pytest.mark.parametrize("norm", ["ortho_pre_ln", "pre_derf", "hybridnorm"])
 def test_resume_is_exact(tmp_path, norm):
     assert_resume_is_exact(tmp_path, f"norm={norm}", "train.max_steps=6")

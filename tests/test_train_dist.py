@@ -29,8 +29,9 @@ def run_cli(args, **kw):
 
 
 @pytest.mark.slow
-def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path):
-    common = ["train.max_steps=3", "train.micro_batch_size=4", "train.batch_tokens=256"]  # block 32
+@pytest.mark.parametrize("model", [[], ["norm=hybridnorm", "model.attn_gate=headwise"]], ids=["pre_ln", "hybridnorm-gated"])
+def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path, model):
+    common = ["train.max_steps=3", "train.micro_batch_size=4", "train.batch_tokens=256", *model]  # block 32
     # 1 process: accumulation 2. 2 processes (gloo): accumulation 1 each. Same global batch per step.
     train(make_cfg(tmp_path / "one", *common))
     p = run_cli([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
