@@ -150,10 +150,10 @@ class Block(nn.Module):
             attn, mlp = _recording(attn, outputs), _recording(mlp, outputs)
         h = self.attn_rule(h, attn)
         if hidden is not None:
-            hidden.append(h)
+            hidden.append(self.attn_rule.stream_view(h))
         h = self.mlp_rule(h, mlp)
         if hidden is not None:
-            hidden.append(h)
+            hidden.append(self.mlp_rule.stream_view(h))
         return h
 
 
@@ -206,7 +206,7 @@ class GPT(nn.Module):
         else:  # positions start after the cached tokens
             rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
         h = self.input_step(self.drop(e))
-        hidden = [h] if return_hidden else None
+        hidden = [self.variant.stream_view(h)] if return_hidden else None
         for block in self.blocks:
             h = block(h, kv_cache, hidden, rope, sublayer_outputs)
         h = self.output_step(h)

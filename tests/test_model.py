@@ -44,7 +44,8 @@ def expected_params(norm, d=D, n=N, v=V, t=T, first_layer="v2"):
         "spheret": sub + 1 + ln, "proj_spheret": sub + 1 + ln, "cay_spheret": sub + 1 + ln,
         "lns": (sub + 1) * ln, "mix_ln": (sub + 1) * ln, "ortho_pre_ln": (sub + 1) * ln,
         "pre_derf": (sub + 1) * (2 * d + 2) + 1,
-        "hybridnorm": (3 * n + n + 1) * ln,         # QKV-Norm (3 per block), the MLP's Norm, the output Norm  # Derf: gamma, beta, alpha, shift; the input scale s
+        "hybridnorm": (3 * n + n + 1) * ln,
+        "hc": (sub + 1) * ln + sub * (2 * 4 + 4 * 4), "mhc": (sub + 1) * ln + sub * (2 * 4 + 4 * 4),  # n = 4 copies         # QKV-Norm (3 per block), the MLP's Norm, the output Norm  # Derf: gamma, beta, alpha, shift; the input scale s
         "ngpt": sub * d + n * d + n * 4 * d + v,  # alpha per sublayer, s_qk, s_v (GELU: no s_u), s_z; no norms
     }[norm]
     return body + extra

@@ -45,7 +45,7 @@ def test_every_parameter_in_exactly_one_group(norm, tie):
     # Every module that owns a scalar step size puts it in `scalars`, whatever its shape rule.
     expect_scalars = {f"{mn}.{pn}" if mn else pn for mn, mod in m.named_modules()
                       for pn in getattr(mod, "optim_groups", {})
-                      if mod.optim_groups[pn] == "scalars" and isinstance(getattr(mod, pn), nn.Parameter)}
+                      if mod.optim_groups[pn] == "scalars" and isinstance(getattr(mod, pn, None), nn.Parameter)}
     assert names["scalars"] == expect_scalars
 
 

@@ -1,6 +1,6 @@
 """The residual-stream methods of 2025-26 against independent reference formulas on a 1-block model:
-the orthogonal residual update (ortho_pre_ln), Derf (pre_derf, norm.kind=derf) and HybridNorm; each
-also resumes exactly and generates with a cache."""
+the orthogonal residual update (ortho_pre_ln), Derf (pre_derf, norm.kind=derf), HybridNorm and
+hyper-connections (hc, mhc: a widened stream); each also resumes exactly and generates with a cache."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,10 +16,10 @@ V, T, D = 256, 16, 32
 def one_block(norm, **kw):
     torch.manual_seed(0)
     model = GPT(gpt_config(norm, vocab_size=V, block_size=T, n_layer=1, n_head=2, n_embd=D, **kw)).eval()
-    with torch.no_grad():   # weights larger than the init, so every sublayer's output matters
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, 0.2)
+    groups = model.parameter_groups()
+    with torch.no_grad():   # weights larger than the init, so every sublayer's output matters (not the mixing)
+        for _, p in groups["matrices"] + groups["embeddings"]:
+            p.normal_(0.0, 0.2)
     return model
 
 
@@ -113,9 +113,77 @@ def test_hybridnorm_matches_the_reference_formula(star):
     assert (block.attn_rule.norm is None) != star      # no pre-norm before attention, but in HybridNorm*'s first block
 
 
-@pytest.mark.parametrize("norm", ["ortho_pre_ln", "pre_derf", "hybridnorm"])
-def test_cached_generation_equals_uncached(norm):
-    model = one_block(norm)
+def _same_weights_as(model, reference):
+    """`model` with the weights of `reference` (a Pre-LN model): its output Norm sits after the sum of copies."""
+    state = {k.replace("output_step.", "output_step.norm."): v for k, v in reference.state_dict().items()}
+    missing = model.load_state_dict(state, strict=False).missing_keys
+    assert all(k.split(".")[-1] in ("a_m", "a_r", "b", "b_pre", "b_res", "b_post") for k in missing), missing
+    return model
+
+
+@pytest.mark.parametrize("norm", ["hc", "mhc"])
+def test_one_stream_with_identity_mixing_is_pre_ln(norm):
+    pre_ln = one_block("pre_ln")
+    model = _same_weights_as(one_block(norm, streams=1), pre_ln)
+    if norm == "mhc":   # H_pre = sigmoid(30) = 1.0 in float32; H_post = 2 sigmoid(0) = 1; H_res = the 1x1 Sinkhorn = 1
+        with torch.no_grad():
+            for r in model.rules():
+                r.b_pre.fill_(30.0)
+    x = tokens()
+    torch.testing.assert_close(model(x)[0], pre_ln(x)[0], rtol=0, atol=1e-6)
+
+
+def test_static_hyper_connections_start_as_pre_ln_with_the_stream_copied():
+    """At init (A_m one-hot, A_r = I, B = 1) every copy is Pre-LN's stream plus the copy's share: the
+    sum over the n copies is n x Pre-LN's stream, which the output Norm maps to the same logits."""
+    pre_ln = one_block("pre_ln")
+    model = _same_weights_as(one_block("hc", streams=4), pre_ln)
+    x = tokens()
+    _, _, ours = model(x, return_hidden=True)
+    _, _, theirs = pre_ln(x, return_hidden=True)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, 4 * b, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model(x)[0], pre_ln(x)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_mhc_mixing_is_doubly_stochastic_after_the_projection():
+    from model.variants import sinkhorn
+
+    logits = torch.randn(3, 4, 4, generator=torch.Generator().manual_seed(0)) * 2
+    S = sinkhorn(logits, 20)
+    torch.testing.assert_close(S.sum(-1), torch.ones(3, 4), rtol=0, atol=1e-4)    # rows
+    torch.testing.assert_close(S.sum(-2), torch.ones(3, 4), rtol=0, atol=1e-6)    # columns (the last step)
+    assert (S > 0).all()
+    model = one_block("mhc", streams=4, dynamic=True)
+    with torch.no_grad():   # dynamic weights off their zero init: H_res depends on the token
+        for r in model.rules():
+            for p in (r.w_pre, r.w_res, r.w_post):
+                p.normal_(0.0, 0.05)
+            r.a_res.fill_(1.0)
+            r.b_res.zero_()      # away from the near-identity init
+    H = torch.randn(2, T, 4, D, generator=torch.Generator().manual_seed(2))
+    pre, res, post = model.rules()[0].weights(H)
+    assert res.shape == (2, T, 4, 4) and res.std(dim=(0, 1)).max() > 1e-3     # per token
+    torch.testing.assert_close(res.sum(-1), torch.ones(2, T, 4), rtol=0, atol=1e-4)
+    torch.testing.assert_close(res.sum(-2), torch.ones(2, T, 4), rtol=0, atol=1e-5)
+    assert ((0 < pre) & (pre < 1)).all() and ((0 < post) & (post < 2)).all()
+
+
+def test_widened_stream_options_are_one_line():
+    from model import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^bad config norm.streams=0: must be a positive integer$"):
+        one_block("hc", streams=0)
+    with pytest.raises(ConfigError, match=r"^bad config norm.sinkhorn_iters=0: must be a positive integer$"):
+        one_block("mhc", sinkhorn_iters=0)
+    with pytest.raises(ConfigError, match=r"norm.sinkhorn_iters=5: not an option of norm.name=hc"):
+        one_block("hc", sinkhorn_iters=5)
+
+
+@pytest.mark.parametrize("norm, kw", [("ortho_pre_ln", {}), ("pre_derf", {}), ("hybridnorm", {}),
+                                      ("hc", {"dynamic": True}), ("mhc", {"dynamic": True})])
+def test_cached_generation_equals_uncached(norm, kw):
+    model = one_block(norm, **kw)
     prompt = tokens(2)[:, :5]
     for new in (T - 5, T + 4):
         assert torch.equal(generate(model, prompt, new, temperature=0, use_cache=True),
@@ -123,6 +191,6 @@ def test_cached_generation_equals_uncached(norm):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("norm", ["ortho_pre_ln", "pre_derf", "hybridnorm"])
+@pytest.mark.parametrize("norm", ["ortho_pre_ln", "pre_derf", "hybridnorm", "hc", "mhc"])
 def test_resume_is_exact(tmp_path, norm):
     assert_resume_is_exact(tmp_path, f"norm={norm}", "train.max_steps=6")
