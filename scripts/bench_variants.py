@@ -4,6 +4,7 @@
     python scripts/bench_variants.py --compile       # also torch.compile'd (slow to warm up on CPU)
     python scripts/bench_variants.py --variants geonorm proj_spheret --repeats 15
     python scripts/bench_variants.py --arch llama --variants pre_ln ngpt   # on a preset (configs/arch/)
+    python scripts/bench_variants.py --variants pre_ln:attn_gate=headwise hc:dynamic=true   # name:key=value,...
 
 Time: median of forward+backward over interleaved repeats (variant, pre_ln, pre_ln, variant, ...)
 after warm-up, since a shared machine's speed drifts by several percent; the ratio is taken per
@@ -14,6 +15,7 @@ allocation), parameters excluded: exact and comparable within one process.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -80,10 +82,16 @@ def main():
     args = ap.parse_args()
     arch_kw, arch_norm = arch_preset(args.arch)
 
-    def build(norm):
+    def build(spec):
+        """A row `name[:key=value,...]`: model keys (GPTConfig fields) and the variant's norm.* keys."""
+        name, _, rest = spec.partition(":")
+        extra = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
+        model_keys = {f.name for f in dataclasses.fields(GPTConfig)}
+        model_kw = {k: yaml.safe_load(v) for k, v in extra.items() if k in model_keys}
+        norm_kw = {k: yaml.safe_load(v) for k, v in extra.items() if k not in model_keys}
         torch.manual_seed(0)
         return GPT(GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
-                             n_embd=args.n_embd, norm={"name": norm, **arch_norm}, **arch_kw))
+                             n_embd=args.n_embd, norm={"name": name, **arch_norm, **norm_kw}, **{**arch_kw, **model_kw}))
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
