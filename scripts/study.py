@@ -101,8 +101,9 @@ class Study:
             for c in study.picked_names(p.get("pick", [])):
                 if c not in study.cells:
                     bad(f"parts.{p['name']}.pick", f"unknown cell {c!r}")
-        if study.reference is not None and study.reference not in study.cells:
-            bad("reference", f"unknown cell {study.reference!r}")
+        if study.reference is not None and not any(c == study.reference or c.endswith("." + study.reference)
+                                                   for c in study.cells):
+            bad("reference", f"unknown cell {study.reference!r} (a cell, or the <block>.<cell> suffix of some)")
         return study
 
     # --- names and points ---------------------------------------------------------------------
@@ -113,6 +114,13 @@ class Study:
                 return p
         raise SystemExit(f"unknown part {name!r} of study {self.name}: valid parts are "
                          f"{', '.join(p['name'] for p in self.parts)}")
+
+    def reference_of(self, cell: str) -> str | None:
+        """The cell a table tests `cell` against: the reference, within the cell's block where cells are
+        named <block>.<name> (llama.hc against llama.pre_ln)."""
+        if self.reference is None or self.reference in self.cells:
+            return self.reference
+        return f"{cell.split('.', 1)[0]}.{self.reference}" if "." in cell else None
 
     def sweep_of(self, part: dict) -> str:
         """The sweep (run dir group) a part writes to: its own, else its `of` part's (edge adds points)."""

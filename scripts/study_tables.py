@@ -18,26 +18,29 @@ def cell_rows(study, runs: list) -> dict:
     for cell, b in study.best(runs).items():
         tried = sorted(float(v) for v in b["by_value"])
         rows[cell] = {"value": float(b["value"]), "edge": len(tried) > 1 and float(b["value"]) in (tried[0], tried[-1]),
-                      "by_value": b["by_value"], "summary": summarize(runlib.ok_losses(b["runs"]))}
+                      "by_value": b["by_value"], "summary": summarize(runlib.ok_losses(b["runs"])),
+                      "spikes": [r.spike_count("loss") for r in b["runs"]], "failed": sum(r.failed for r in b["runs"])}
     return rows
 
 
 def table(study, rows: dict) -> list[str]:
     key = study.key.rsplit(".", 1)[-1]
-    ref = rows.get(study.reference) if study.reference else None
-    out = [f"| cell | each {key}: mean | best {key} | per seed | mean ± std | 95% CI | vs {study.reference or '—'} |",
-           "|---|---|---|---|---|---|---|"]
+    out = [f"| cell | each {key}: mean | best {key} | per seed | mean ± std | 95% CI | loss spikes (per seed) | "
+           f"vs {study.reference or '—'} |", "|---|---|---|---|---|---|---|---|"]
     for cell, r in rows.items():
+        ref_name = study.reference_of(cell)
+        ref = rows.get(ref_name) if ref_name else None
         each = ", ".join(f"{v:g}: {m:.3f}" for v, m in sorted(r["by_value"].items()))
         s = r["summary"]
         if r["edge"]:
             vs = "not ranked (edge)"
-        elif ref is None or cell == study.reference:
+        elif ref is None or cell == ref_name:
             vs = "—"
         else:
-            vs = verdict(list(ref["summary"].values), list(s.values), study.reference, cell)
-        out.append(f"| {cell} | {each} | {r['value']:g}{' (edge)' if r['edge'] else ''} | {s.per_seed()} | "
-                   f"{s.mean_std()} | {s.ci()} | {vs} |")
+            vs = verdict(list(ref["summary"].values), list(s.values), ref_name, cell)
+        failed = f" ({r['failed']} failed)" if r["failed"] else ""
+        out.append(f"| {cell} | {each} | {r['value']:g}{' (edge)' if r['edge'] else ''} | {s.per_seed()}{failed} | "
+                   f"{s.mean_std()} | {s.ci()} | {', '.join(map(str, r['spikes']))} | {vs} |")
     return out
 
 
