@@ -23,7 +23,7 @@ SINCE = {
     "2.0": """
         torch.optim torch.optim.SGD torch.nn.functional.silu torch.nn.functional.relu torch.nn.functional.normalize
         torch.complex torch.polar torch.Generator torch.Tensor torch.__version__ torch._dynamo.reset torch._foreach_norm torch._foreach_sub torch.addcmul
-        torch.atan2 torch.acos torch.count_nonzero
+        torch.atan2 torch.acos torch.count_nonzero torch.sigmoid torch.erf torch.logsumexp torch.nn.functional.one_hot
         torch.allclose torch.arange torch.are_deterministic_algorithms_enabled torch.atan torch.autocast
         torch.autograd.Function torch.autograd.function.once_differentiable torch.autograd.grad
         torch.autograd.gradcheck torch.autograd.graph.saved_tensors_hooks torch.backends.cuda.matmul.allow_tf32
