@@ -805,13 +805,14 @@ class _WideStream(Variant):
         raise NotImplementedError
 
     def forward(self, H, f):
-        # Sums of elementwise products, not einsum: autocast would run a matmul in bf16 and the stream
-        # would leave float32 (n is small: n^2 products of [B, T, d]).
+        # Broadcast products and sums, not einsum: autocast would run a matmul in bf16 (its backward too,
+        # under torch.compile) and the stream would leave float32. n is small: n products of [B, T, n, d].
         pre, mix, post = self.weights(H)
-        copies = range(self.n)
-        y = f(self.norm(sum(pre[..., k, None] * H[..., k, :] for k in copies)))
-        return torch.stack([sum(mix[..., m, k, None] * H[..., k, :] for k in copies) + post[..., m, None] * y
-                            for m in copies], dim=-2)
+        y = f(self.norm((pre.unsqueeze(-1) * H).sum(-2)))
+        out = post.unsqueeze(-1) * y.unsqueeze(-2)
+        for k in range(self.n):                      # H'_m += mix_mk H_k, for every m at once
+            out = out + mix[..., :, k, None] * H[..., k, None, :]
+        return out
 
     @staticmethod
     def stream_view(H):
