@@ -28,7 +28,7 @@ from common.config import bad, check_choices
 
 from .decay import DECAYS, decay_factor
 from .norms import INPUT_STEPS, NORM_KINDS, DyT, make_input_step, make_norm
-from .sphere import spheret_angle, sphere_update
+from .sphere import _acc, _dot, spheret_angle, sphere_update
 
 if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
     from .config import GPTConfig
@@ -184,9 +184,6 @@ class DeepNorm(Variant):
         final_norm: bool = False      # output Norm before the LM head
         deepnorm_init: Literal["scaled", "xavier"] = "scaled"  # scaled: nanoGPT's N(0, 0.02) times beta; xavier: beta times Xavier's std
 
-        def __post_init__(self):
-            super().__post_init__()
-
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         self.alpha = (2 * cfg.n_layer) ** 0.25
@@ -250,9 +247,6 @@ class Keel(Variant):
     class Options(NormOptions):
         final_norm: bool = False      # output Norm before the LM head
         first_layer: Literal["v2", "v1"] = "v2"  # Keel's first sublayers
-
-        def __post_init__(self):
-            super().__post_init__()
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -724,9 +718,8 @@ class OrthoPreLN(Variant):
 
     def forward(self, h, f):
         s = f(self.norm(h))
-        h32, s32 = h.float(), s.float()
-        coef = (h32 * s32).sum(-1, keepdim=True) / ((h32 * h32).sum(-1, keepdim=True) + self.eps)
-        return h + (s32 - coef * h32).to(h.dtype)
+        h32, s32 = _acc(h), _acc(s)                  # the sphere family's dot products (model/sphere.py)
+        return h + (s32 - _dot(s32, h32) / (_dot(h32, h32) + self.eps) * h32).to(h.dtype)
 
 
 class _QKVNorm(nn.Module):
@@ -793,7 +786,6 @@ class _WideStream(Variant):
     F(Norm(x)), and writes to every copy: H <- mix(H) + post (x) F(Norm(x)) (subclasses: the weights)."""
 
     Options = StreamOptions
-    optim_groups: ClassVar[Dict[str, str]] = {}
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)

@@ -255,6 +255,13 @@ def best_over(groups: dict[str, list[Run]], key: str) -> dict[str, dict]:
     return out
 
 
+def at_edge(best: dict) -> bool:
+    """Whether a best_over result's value is the largest or smallest value tried (with one value tried,
+    both): the optimum may lie beyond it, so the row is not ranked and a study brackets it."""
+    tried = [float(v) for v in best["by_value"]]
+    return float(best["value"]) in (min(tried), max(tried))
+
+
 def _hashable(v: Any) -> Any:
     return tuple(v) if isinstance(v, list) else v
 

@@ -55,11 +55,10 @@ def cell_rows(study, runs: list[runlib.Run]) -> dict[str, dict]:
     """cell -> its best lr (mean over the seeds every lr ran with), the runs there and the edge flag."""
     out = {}
     for cell, b in study.best(runs).items():
-        tried = sorted(float(v) for v in b["by_value"])
         value = float(b["value"])
         losses = _losses(b["runs"])
         out[cell] = {"lr": value, "by_value": {float(k): v for k, v in b["by_value"].items()},
-                     "edge": len(tried) >= 2 and value in (tried[0], tried[-1]), "runs": b["runs"],
+                     "edge": runlib.at_edge(b), "runs": b["runs"],
                      "losses": losses, "summary": summarize(losses), "n_failed": sum(r.failed for r in b["runs"]),
                      "angle0": _step0(b["runs"], "geo/angle"), "rel0": _step0(b["runs"], "geo/rel_update"),
                      "sat": _last_stat(b["runs"], "angle_above_1rad")}

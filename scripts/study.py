@@ -177,11 +177,10 @@ class Study:
         largest or smallest value tried."""
         out = {}
         for cell, b in self.best(runs).items():
-            tried = sorted(float(v) for v in b["by_value"])
-            best = float(b["value"])
-            if best not in (tried[0], tried[-1]) or cell not in cells:
+            if not runlib.at_edge(b) or cell not in cells:
                 continue
-            nxt = self.beyond(best, up=best == tried[-1])
+            best = float(b["value"])
+            nxt = self.beyond(best, up=best == max(float(v) for v in b["by_value"]))
             if nxt is not None:
                 lbl, ovr = self.point(cell, nxt, cells[cell])
                 out[lbl] = ovr
@@ -274,9 +273,7 @@ class Runner:
             return
         best = {}
         for c, b in self.study.best(runs).items():
-            tried = sorted(float(v) for v in b["by_value"])
-            best[c] = {"value": float(b["value"]), "mean": mean_at_best(b),
-                       "edge": float(b["value"]) in (tried[0], tried[-1])}
+            best[c] = {"value": float(b["value"]), "mean": mean_at_best(b), "edge": runlib.at_edge(b)}
         path = self.best_file(self.study.sweep_of(part))
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, json.dumps(best, indent=1) + "\n")

@@ -16,8 +16,7 @@ def cell_rows(study, runs: list) -> dict:
     """cell -> {value, edge, by_value, summary}: each cell at its best value (the lowest mean over seeds)."""
     rows = {}
     for cell, b in study.best(runs).items():
-        tried = sorted(float(v) for v in b["by_value"])
-        rows[cell] = {"value": float(b["value"]), "edge": len(tried) > 1 and float(b["value"]) in (tried[0], tried[-1]),
+        rows[cell] = {"value": float(b["value"]), "edge": runlib.at_edge(b),
                       "by_value": b["by_value"], "summary": summarize(runlib.ok_losses(b["runs"])),
                       "spikes": [r.spike_count("loss") for r in b["runs"]], "failed": sum(r.failed for r in b["runs"])}
     return rows

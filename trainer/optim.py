@@ -21,7 +21,7 @@ import torch
 from common import ConfigError, Registry
 from common.config import bad, check_choices, defaults, own_options, set_values, to_plain, union_keys
 
-from .schedules import SCHEDULES, LRSchedule  # noqa: F401  (LRSchedule re-exported: the loop builds it here)
+from .schedules import SCHEDULES, LRSchedule, ScheduleOptions  # noqa: F401  (LRSchedule re-exported: the loop builds it here)
 
 OPTIMIZERS = Registry("optim.name")
 
@@ -67,7 +67,7 @@ class OptimConfig:
     min_lr: float = 1e-4                  # floor: cosine decays to it, wsd's final decay ends at it
     weight_decay: float = 0.1             # decoupled weight decay (groups with weight_decay null)
     grad_clip: float = 1.0                # max global grad norm; 0 = no clipping (the norm is still logged)
-    schedule: Any = field(default_factory=lambda: SCHEDULES["cosine"].Options())  # the LR schedule (trainer/schedules.py): cosine | wsd | constant
+    schedule: Any = field(default_factory=lambda: SCHEDULES[ScheduleOptions.name].Options())  # the LR schedule (trainer/schedules.py): cosine | wsd | constant
     warmup_steps: int = 50                # linear warmup (all schedules)
     groups: GroupsConfig = field(default_factory=GroupsConfig)  # per parameter group: lr = schedule x lr_mult
 
@@ -91,7 +91,7 @@ def optim_config(node: Any = None) -> OptimConfig:
     plain, shared = to_plain(node or {}), {f.name for f in dataclasses.fields(OptimConfig)}
     given = {**set_values({k: v for k, v in plain.items() if k not in shared}),
              **{k: v for k, v in plain.items() if k in shared and v is not None}}
-    name, sched = given.pop("name", OptimConfig.name), given.pop("schedule", "cosine")
+    name, sched = given.pop("name", OptimConfig.name), given.pop("schedule", ScheduleOptions.name)
     if isinstance(sched, Mapping):  # asdict of an OptimConfig: the schedule nested under its name
         given, sched = {**given, **{k: v for k, v in sched.items() if k != "name"}}, sched["name"]
     schedules = union_keys(s.Options for s in SCHEDULES.values())
@@ -118,7 +118,7 @@ def optim_group_defaults() -> dict:
     def null(v):
         return {k: null(x) for k, x in v.items()} if isinstance(v, Mapping) else None
     shared = defaults(OptimConfig)
-    return {k: "cosine" if k == "schedule" else shared[k] if k in shared else null(defaults(cls).get(k))
+    return {k: ScheduleOptions.name if k == "schedule" else shared[k] if k in shared else null(defaults(cls).get(k))
             for k, cls in optim_group_keys().items()}
 
 
