@@ -35,6 +35,12 @@ def bad(key: str, value: Any, valid: str, error: Type[UserError] = ConfigError) 
     raise error(f"bad config {key}={value!r}: {valid}")
 
 
+def positive_int(key: str, value: Any, error: Type[UserError] = ConfigError) -> None:
+    """`value` is an integer > 0 (a bool is not), else the one error line naming `key`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        bad(key, value, "must be a positive integer", error)
+
+
 def literal_choices(t: Any) -> Optional[tuple]:
     """The values a `Literal[...]` (or `Optional[Literal[...]]`) field allows; None for other types."""
     if typing.get_origin(t) in (Union, types.UnionType):

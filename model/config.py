@@ -13,7 +13,8 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, Mapping, Optional
 
 from common import ConfigError
-from common.config import bad, build, check_choices, defaults, own_options, parse, to_plain, union_docs, union_keys
+from common.config import (bad, build, check_choices, defaults, own_options, parse, positive_int, to_plain, union_docs,
+                           union_keys)
 
 from .init import INITS
 from .variants import VARIANTS, NormOptions, get_variant
@@ -69,9 +70,7 @@ class GPTConfig:
     def validate(self) -> None:
         check_choices(self, "model")
         for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            v = getattr(self, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-                bad(f"model.{key}", v, "must be a positive integer")
+            positive_int(f"model.{key}", getattr(self, key))
         if self.n_embd % self.n_head:
             bad("model.n_embd", self.n_embd, f"must be divisible by model.n_head={self.n_head}")
         if not 0.0 <= self.dropout < 1.0:

@@ -24,7 +24,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from common import Registry
-from common.config import bad, check_choices
+from common.config import bad, check_choices, positive_int
 
 from .decay import DECAYS, decay_factor
 from .norms import INPUT_STEPS, NORM_KINDS, DyT, make_input_step, make_norm
@@ -773,8 +773,7 @@ class StreamOptions(NormOptions):
 
     def __post_init__(self):
         super().__post_init__()
-        if not isinstance(self.streams, int) or isinstance(self.streams, bool) or self.streams < 1:
-            bad("norm.streams", self.streams, "must be a positive integer")
+        positive_int("norm.streams", self.streams)
         if not isinstance(self.dynamic, bool):
             bad("norm.dynamic", self.dynamic, "must be true or false")
 
@@ -886,8 +885,7 @@ class ManifoldStreamOptions(StreamOptions):
 
     def __post_init__(self):
         super().__post_init__()
-        if not isinstance(self.sinkhorn_iters, int) or isinstance(self.sinkhorn_iters, bool) or self.sinkhorn_iters < 1:
-            bad("norm.sinkhorn_iters", self.sinkhorn_iters, "must be a positive integer")
+        positive_int("norm.sinkhorn_iters", self.sinkhorn_iters)
 
 
 @register("mhc")

@@ -13,7 +13,7 @@ from typing import Any, Literal, Optional
 from omegaconf import DictConfig
 
 from common import ConfigError
-from common.config import bad as _bad, build, check_choices
+from common.config import bad as _bad, build, check_choices, positive_int as _positive
 
 from .optim import GroupConfig, GroupsConfig, OptimConfig, optim_config  # noqa: F401  (re-exported)
 
@@ -143,11 +143,6 @@ def parse_run_config(cfg: DictConfig) -> RunConfig:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-def _positive(key: str, value: Any) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        _bad(key, value, "must be a positive integer")
-
 
 def grad_accum_steps(batch_tokens: int, micro_batch_size: int, block_size: int, world_size: int) -> int:
     per = micro_batch_size * block_size * world_size

@@ -19,7 +19,7 @@ from typing import Any, Literal, Optional
 import torch
 
 from common import ConfigError, Registry
-from common.config import bad, check_choices, defaults, own_options, set_values, to_plain, union_keys
+from common.config import bad, check_choices, defaults, own_options, positive_int, set_values, to_plain, union_keys
 
 from .schedules import SCHEDULES, LRSchedule, ScheduleOptions  # noqa: F401  (LRSchedule re-exported: the loop builds it here)
 
@@ -253,8 +253,7 @@ class MuonSettings:
             bad("optim.muon.lr", self.lr, "must be a finite number > 0")
         if not (0 <= self.momentum < 1):
             bad("optim.muon.momentum", self.momentum, "must be in [0, 1)")
-        if not isinstance(self.ns_steps, int) or self.ns_steps <= 0:
-            bad("optim.muon.ns_steps", self.ns_steps, "must be a positive integer")
+        positive_int("optim.muon.ns_steps", self.ns_steps)
 
 
 @OPTIMIZERS.register("muon")
