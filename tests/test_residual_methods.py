@@ -194,3 +194,18 @@ def test_cached_generation_equals_uncached(norm, kw):
 @pytest.mark.parametrize("norm", ["ortho_pre_ln", "pre_derf", "hybridnorm", "hc", "mhc"])
 def test_resume_is_exact(tmp_path, norm):
     assert_resume_is_exact(tmp_path, f"norm={norm}", "train.max_steps=6")
+
+
+@pytest.mark.parametrize("norm, extra", [
+    ("ortho_pre_ln", 5 * 2 * D),                         # Pre-LN's norms: 2 per block and the output Norm
+    ("pre_derf", 5 * (2 * D + 2) + 1),                   # Derf: gamma, beta, alpha, shift; the input scale s
+    ("hybridnorm", (3 * 2 + 2 + 1) * 2 * D),             # QKV-Norm (3 per block), the MLP's Norm, the output Norm
+    ("hc", 5 * 2 * D + 4 * (2 * 4 + 4 * 4)),             # n = 4 copies: per sublayer 2n static + n x n mixing
+    ("mhc", 5 * 2 * D + 4 * (2 * 4 + 4 * 4)),
+])
+def test_parameter_count_follows_the_rule(norm, extra):
+    """2 blocks of width D: the body (embeddings, attention and MLP layers) plus the method's own."""
+    torch.manual_seed(0)
+    model = GPT(gpt_config(norm, vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D))
+    body = V * D + T * D + 2 * (D * 3 * D + 3 * D + D * D + D + D * 4 * D + 4 * D + 4 * D * D + D)
+    assert model.num_params(non_embedding=False) == body + extra
