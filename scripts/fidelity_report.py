@@ -1,6 +1,6 @@
-"""Figures and tables of the fidelity study from its run dirs (called by fidelity_study.py report).
+"""Figures and tables of the fidelity study (configs/study/fidelity.yaml) from its run dirs: its report.
 
-    python scripts/fidelity_study.py report [--runs-root runs] [--docs docs]
+    python scripts/study.py fidelity --report [--runs-root runs] [--docs docs]
 
 Writes <docs>/fidelity/*.png and <docs>/fidelity/tables.md. Parts that have not run are left out
 (the tables say so); a part that is still running is reported from its finished runs.
@@ -36,11 +36,11 @@ def variant_colour(label: str):
     return cmap(names.index(base) % 20) if base else "black"
 
 
-def by(runs, key) -> dict:
-    """Runs grouped by key(run), groups in the variant registry's order, seeds in order."""
+def by(runs, study) -> dict:
+    """Runs grouped by their study cell, groups in the variant registry's order, seeds in order."""
     out: dict = {}
     for r in runs:
-        out.setdefault(key(r), []).append(r)
+        out.setdefault(study.cell_of(r.base), []).append(r)
     return {k: sorted(out[k], key=lambda r: str(r.seed)) for k in runlib.sort_labels(out)}
 
 
@@ -77,8 +77,8 @@ def last_stats(run) -> dict:
 
 # ---- (a) learning-rate sensitivity -------------------------------------------------------------------
 
-def part_a(runs, out: Path) -> list[str]:
-    groups = by(runs, lambda r: r.base)
+def part_a(runs, out: Path, study) -> list[str]:
+    groups = by(runs, study)
     best = runlib.best_over(groups, KEY_LR)
     lrs = sorted({float(runlib.get_key(r.config, KEY_LR)) for r in runs})
     fig, ax = plt.subplots(figsize=(7.5, 5))
@@ -164,9 +164,9 @@ def scalar_summary(run) -> tuple[str, str]:
     return "; ".join(parts) or "—", ang
 
 
-def part_b(runs_b, runs_a, out: Path) -> list[str]:
-    best = runlib.best_over(by(runs_a, lambda r: r.base), KEY_LR)
-    groups = by(runs_b, lambda r: r.base)
+def part_b(runs_b, runs_a, out: Path, study) -> list[str]:
+    best = runlib.best_over(by(runs_a, study), KEY_LR)
+    groups = by(runs_b, study)
     lines = ["### (b) Step-size scalars: `optim.groups.scalars.lr_mult` at each variant's best lr (seed 0)", "",
              "| variant | lr | lr_mult | final val loss | final scalars (min..max over sublayers; from the checkpoint) | "
              "angle: mean / max (rad) |", "|---|---|---|---|---|---|"]
@@ -206,8 +206,8 @@ def curve(runs) -> tuple[list[int], list[float], list[float]]:
     return common, means, stds
 
 
-def part_c(runs, out: Path) -> list[str]:
-    groups = by(runs, lambda r: r.base)
+def part_c(runs, out: Path, study) -> list[str]:
+    groups = by(runs, study)
     curves = {lbl: curve(rs) for lbl, rs in groups.items()}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for lbl, (ts, ms, ss) in curves.items():
@@ -283,8 +283,8 @@ def part_c(runs, out: Path) -> list[str]:
 
 # ---- (d) choice ablations ---------------------------------------------------------------------------
 
-def part_d(runs, out: Path) -> list[str]:
-    groups = by(runs, lambda r: r.base)
+def part_d(runs, out: Path, study) -> list[str]:
+    groups = by(runs, study)
     groups = {k: groups[k] for k in sorted(groups, key=lambda g: (g.split("-")[0], "-" in g, g))}
     lines = ["### (d) Choice ablations at the best setting (seeds 0, 1)", "",
              "| variant / change | final val loss | Δ vs its baseline | Δ beyond the seed spread? |", "|---|---|---|---|"]
@@ -307,8 +307,8 @@ def part_d(runs, out: Path) -> list[str]:
 
 # ---- (e) depth --------------------------------------------------------------------------------------
 
-def part_e(runs, out: Path) -> list[str]:
-    groups = by(runs, lambda r: r.base)
+def part_e(runs, out: Path, study) -> list[str]:
+    groups = by(runs, study)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     lines = ["### (e) Known depth results, 24 layers x d=128, lr 1e-3", "",
              "| point | warmup steps | initial val loss | final val loss | residual RMS: after input / last sublayer |",
@@ -367,13 +367,15 @@ def part_ablate(results: list[tuple[str, dict]], out: Path) -> list[str]:
     return lines
 
 
-def report(root: Path, docs: Path) -> None:
+def report(study, root: Path, docs: Path, experiment: str | None = None) -> None:
     import json
     out = docs / "fidelity"
     out.mkdir(parents=True, exist_ok=True)
-    a, b, c, d, e = (runlib.load_sweep(root / f"fidelity_{p}") for p in "abcde")
+    sweeps = {p["name"]: study.sweep_of(p) for p in study.parts}
+    a, b, c, d, e = (runlib.load_sweep(root / sweeps[p]) for p in ("grid", "scalars", "horizon", "choices", "depth"))
     lines = ["# Fidelity study: generated tables", "",
-             "Written by `bash scripts/run_fidelity_study.sh` (`scripts/fidelity_report.py`); the discussion is in "
+             "Written by `bash scripts/run_fidelity_study.sh` (`python scripts/study.py fidelity`: "
+             "`configs/study/fidelity.yaml`, `scripts/fidelity_report.py`); the discussion is in "
              "`docs/fidelity_study.md`.", ""]
     def done(name, runs):  # a part still running is reported from its finished runs, and says so
         if runs and not all(r.finished for r in runs):
@@ -383,21 +385,21 @@ def report(root: Path, docs: Path) -> None:
             runs[:] = finished
         return bool(runs)
     if done("a", a):
-        lines += part_a(a, out)
+        lines += part_a(a, out, study)
         if done("b", b):
-            lines += part_b(b, a, out)
+            lines += part_b(b, a, out, study)
     if done("c", c):
-        lines += part_c(c, out)
+        lines += part_c(c, out, study)
     if done("d", d):
-        lines += part_d(d, out)
+        lines += part_d(d, out, study)
     if done("e", e):
-        lines += part_e(e, out)
+        lines += part_e(e, out, study)
     abl = []
     for r in a + e:
         p = r.path / "layer_ablation.json"
         if p.is_file():
             prefix = "24L " if r in e else ""
-            abl.append((prefix + r.base, json.loads(p.read_text())))
+            abl.append((prefix + study.cell_of(r.base), json.loads(p.read_text())))
     if abl:
         lines += part_ablate(abl, out)
     times = root / "fidelity_times.json"
@@ -415,5 +417,6 @@ def report(root: Path, docs: Path) -> None:
 if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
     import sys
 
-    print("usage: scripts/fidelity_report.py is imported by fidelity_study.py (python scripts/fidelity_study.py report); it is not a command", file=sys.stderr)
+    print("usage: scripts/fidelity_report.py is the fidelity study's report (python scripts/study.py fidelity --report); "
+          "it is not a command", file=sys.stderr)
     sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

@@ -17,8 +17,15 @@ Part kinds, each a resumable sweep (scripts/sweep.py) under <runs-root>/<sweep>/
   rerun   (`of`) the cells of `pick` at their best value in `of`, with `seeds` and `overrides` of its own
           (a chaos control: train.threads=2; more seeds at the best);
   shapes  (`of`) the cells of `pick` at other model shapes (`shapes`: factors of the base model), shape
-          by shape, each a grid around the cell's best in `of`, bracketed as edge does.
-`pick` lists cells, and `best_of: [cells]` for the best of those (lowest mean at its best value).
+          by shape, each a grid around the cell's best in `of`, bracketed as edge does;
+  vary    (`of`) the cells of `pick` at their best setting in `of`, at each of `values` of a second key
+          (`key`); its best setting adds that key's best, the runs of `of` at its default included;
+  points  the points of another experiment (`experiment`, its experiment_meta.points), as they are;
+  script  scripts/<script>.py <run dir> <args> on the runs `runs` selects (`of` a part: its `cells`, or its
+          bests with `best: true`; `seeds`), skipping a run dir that has the script's `output` already.
+`pick` lists cells, and `best_of: [cells]` for the best of those (lowest mean at its best value). A rerun's
+`ablations` (`<name>: {of: <cell>, overrides: {...}}`) add cells that change one choice of a picked cell,
+run at that cell's best setting. `seeds` of a part replaces the study's for that part.
 The best value of a cell is the one with the lowest mean final validation loss over the seeds every value
 was run with (scripts/runlib.py: best_over). Wall time and code commit per part are added up in
 <runs-root>/<study>_times.json and <study>_commits.json; each tuned part's bests are recorded in
@@ -30,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -45,7 +53,8 @@ from data.files import atomic_write
 
 REPO = Path(__file__).resolve().parent.parent
 STUDIES = REPO / "configs" / "study"
-KINDS = ("grid", "edge", "rerun", "shapes")
+KINDS = ("grid", "edge", "rerun", "shapes", "vary", "points", "script")
+NEEDS = {"vary": ("of", "key", "values"), "points": ("experiment",), "script": ("script", "output", "runs")}
 
 
 @dataclass
@@ -96,9 +105,14 @@ class Study:
         for i, p in enumerate(study.parts):
             if p.get("kind") not in KINDS:
                 bad(f"parts[{i}].kind", f"{p.get('kind')!r}: valid are {', '.join(KINDS)}")
-            if p["kind"] != "grid" and p.get("of") not in names[:i]:
+            for k in NEEDS.get(p["kind"], ()):
+                if k not in p:
+                    bad(f"parts.{p['name']}.{k}", f"missing (a {p['kind']} part needs {', '.join(NEEDS[p['kind']])})")
+            if p["kind"] not in ("grid", "points", "script") and p.get("of") not in names[:i]:
                 bad(f"parts.{p['name']}.of", f"{p.get('of')!r} is not an earlier part ({', '.join(names[:i]) or 'none'})")
-            for c in study.picked_names(p.get("pick", [])):
+            ablated = [a.get("of") for a in (p.get("ablations") or {}).values()]
+            for c in study.picked_names(p.get("pick", [])) + ablated + [c for r in p.get("runs", []) for c in r.get("cells", [])
+                                                                        if p["kind"] != "script"]:
                 if c not in study.cells:
                     bad(f"parts.{p['name']}.pick", f"unknown cell {c!r}")
         if study.reference is not None and not any(c == study.reference or c.endswith("." + study.reference)
@@ -124,7 +138,9 @@ class Study:
 
     def sweep_of(self, part: dict) -> str:
         """The sweep (run dir group) a part writes to: its own, else its `of` part's (edge adds points)."""
-        return part.get("sweep") or self.sweep_of(self.part(part["of"]))
+        if part.get("sweep") or part["kind"] == "script":
+            return part.get("sweep")             # a script part runs in other parts' run dirs
+        return self.sweep_of(self.part(part["of"]))
 
     @staticmethod
     def picked_names(pick: list) -> list:
@@ -156,11 +172,21 @@ class Study:
         return self.key_of(cell.split("-", 1)[1]) if "-" in cell else self.key
 
     def point(self, cell: str, value: float, overrides: dict) -> tuple[str, dict]:
-        key = self.key_of(cell)
-        return f"{cell}-{key.rsplit('.', 1)[-1]}-{value:g}", {**overrides, key: value}
+        return self.at(cell, {self.key_of(cell): value}, overrides)
+
+    @staticmethod
+    def at(cell: str, setting: dict, overrides: dict) -> tuple[str, dict]:
+        """A point at a setting (key -> value): labelled <cell>-<last part of each key>-<value>."""
+        return cell + "".join(f"-{k.rsplit('.', 1)[-1]}-{v:g}" for k, v in setting.items()), {**overrides, **setting}
 
     def cell_of(self, label: str) -> str:
-        return label.rsplit(f"-{self.key.rsplit('.', 1)[-1]}-", 1)[0]   # every tuned key of a study ends alike
+        """The cell of a point's label: its <key>-<value> suffixes (of every key the study tunes) dropped."""
+        keys = {self.key, *(c.get("key", self.key) for c in self.cells.values()),
+                *(p["key"] for p in self.parts if p["kind"] == "vary")}
+        tail = re.compile(r"^(.*)-(" + "|".join(re.escape(k.rsplit(".", 1)[-1]) for k in keys) + r")-[-+.e0-9]+$")
+        while (m := tail.match(label)) and m.group(1):
+            label = m.group(1)
+        return label
 
     def by_cell(self, runs: list) -> dict:
         out: dict = {}
@@ -168,9 +194,10 @@ class Study:
             out.setdefault(self.cell_of(r.base), []).append(r)
         return out
 
-    def best(self, runs: list) -> dict:
-        """cell -> runlib.best_over over the tuned key (the mean over the seeds every value was run with)."""
-        return {c: runlib.best_over({c: rs}, self.key_of(c))[c] for c, rs in self.by_cell(runs).items()}
+    def best(self, runs: list, key: str | None = None) -> dict:
+        """cell -> runlib.best_over over the tuned key, or `key` (the mean over the seeds every value was
+        run with)."""
+        return {c: runlib.best_over({c: rs}, key or self.key_of(c))[c] for c, rs in self.by_cell(runs).items()}
 
     def edge_points(self, runs: list, cells: dict) -> dict:
         """One more ladder point beyond each cell's best (cells: label -> overrides) where the best is the
@@ -187,7 +214,7 @@ class Study:
         return out
 
     def pick(self, pick: list, best: dict) -> list:
-        """The cells of a `pick` list that have a best (`best`: cell -> (best value, mean there); a
+        """The cells of a `pick` list that have a best (`best`: cell -> (best setting, mean there); a
         `best_of` group: its member with the lowest mean)."""
         out = []
         for item in pick:
@@ -197,6 +224,10 @@ class Study:
             if item is not None and item in best and item not in out:
                 out.append(item)
         return out
+
+    def setting_value(self, cell: str, setting: dict) -> float:
+        """The tuned key's value in a best setting (a shapes part centres its grid on it)."""
+        return float(setting[self.key_of(cell)])
 
     def shapes(self, model: dict, specs: list) -> dict:
         """label -> model overrides: each spec's factors applied to the base model's values."""
@@ -232,14 +263,15 @@ class Runner:
         self.study, self.args = study, args
         self.cells = {c: study.cells[c] for c in args.cells}
 
-    def sweep(self, name: str, points: dict, seeds: list, extra: list = (), jobs: int | None = None) -> None:
+    def sweep(self, name: str, points: dict, seeds: list, extra: list = (), jobs: int | None = None,
+              experiment: str | None = None) -> None:
         if not points:
             return
         with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
             yaml.safe_dump(points, f, sort_keys=False)
         cmd = [sys.executable, str(REPO / "scripts" / "sweep.py"), "--name", name, "--runs-root",
-               str(self.args.runs_root), "--experiment", self.args.experiment, "--points", f.name, "--jobs",
-               str(jobs or self.args.jobs), "--seeds", ",".join(map(str, seeds)), "--",
+               str(self.args.runs_root), "--experiment", experiment or self.args.experiment, "--points", f.name,
+               "--jobs", str(jobs or self.args.jobs), "--seeds", ",".join(map(str, seeds)), "--",
                *self.study.overrides, *extra, *self.args.overrides]
         print("$", " ".join(cmd), flush=True)
         try:
@@ -255,55 +287,85 @@ class Runner:
     def best_file(self, sweep: str) -> Path:
         return self.args.docs / self.study.name / f"{sweep.removeprefix(self.study.name + '_')}_best.json"
 
+    def best_runs(self, part: dict) -> dict:
+        """cell -> runlib.best_over result, its `setting` (key -> best value) added, of a part's finished
+        runs; a vary part's: the best of its key over its runs and the runs of `of` at their best setting
+        with the part's seeds, for every cell of `of` (a cell it did not vary keeps its setting there)."""
+        s = self.study
+        if part["kind"] != "vary":
+            out = s.best(self.finished(s.sweep_of(part)))
+            return {c: {**b, "setting": {s.key_of(c): float(b["value"])}} for c, b in out.items()}
+        of = self.best_runs(s.part(part["of"]))
+        seeds = {str(x) for x in part.get("seeds", s.seeds)}
+        out = dict(of)
+        for c, rs in s.by_cell(self.finished(s.sweep_of(part))).items():
+            if c in of:
+                base = [r for r in of[c]["runs"] if str(r.seed) in seeds]
+                b = runlib.best_over({c: rs + base}, part["key"])[c]
+                out[c] = {**b, "setting": {**of[c]["setting"], part["key"]: float(b["value"])}}
+        return out
+
     def bests(self, part: dict) -> dict:
-        """cell -> (best value, mean there) of a part's finished runs; from its recorded bests
+        """cell -> (best setting, mean there) of a part's finished runs; from its recorded bests
         (docs/<study>/*_best.json) where the run dirs are not on this checkout."""
-        sweep = self.study.sweep_of(part)
-        runs = self.finished(sweep)
-        if runs:
-            return {c: (float(b["value"]), mean_at_best(b)) for c, b in self.study.best(runs).items()}
-        recorded = self.best_file(sweep)
+        found = self.best_runs(part)
+        if found:
+            return {c: (b["setting"], mean_at_best(b)) for c, b in found.items()}
+        recorded = self.best_file(self.study.sweep_of(part))
         if recorded.is_file():
-            return {c: (v.get("value", v.get("lr")), v["mean"]) for c, v in json.loads(recorded.read_text()).items()}
+            return {c: (v.get("setting") or {self.study.key_of(c): v.get("value", v.get("lr"))}, v["mean"])
+                    for c, v in json.loads(recorded.read_text()).items()}
         return {}
 
     def record_bests(self, part: dict) -> None:
-        runs = self.finished(self.study.sweep_of(part))
-        if not runs:
-            return
-        best = {}
-        for c, b in self.study.best(runs).items():
-            best[c] = {"value": float(b["value"]), "mean": mean_at_best(b), "edge": runlib.at_edge(b)}
-        path = self.best_file(self.study.sweep_of(part))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, json.dumps(best, indent=1) + "\n")
+        best = {c: {"value": float(b["value"]), "setting": b["setting"], "mean": mean_at_best(b),
+                    "edge": runlib.at_edge(b)} for c, b in self.best_runs(part).items()}
+        if best:
+            path = self.best_file(self.study.sweep_of(part))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(path, json.dumps(best, indent=1) + "\n")
 
-    def grid(self, sweep: str, cells: dict) -> None:
+    def grid(self, sweep: str, cells: dict, seeds: list) -> None:
         """cells: label -> (overrides, centre)."""
         s = self.study
-        self.sweep(sweep, dict(s.point(c, v, o) for c, (o, centre) in cells.items() for v in s.around(centre)),
-                   s.seeds)
+        self.sweep(sweep, dict(s.point(c, v, o) for c, (o, centre) in cells.items() for v in s.around(centre)), seeds)
 
-    def bracket(self, sweep: str, cells: dict) -> None:
+    def bracket(self, sweep: str, cells: dict, seeds: list) -> None:
         for _ in range(self.study.edge_rounds):
             pts = self.study.edge_points(self.finished(sweep), cells)
             if not pts:
                 break
-            self.sweep(sweep, pts, self.study.seeds)
+            self.sweep(sweep, pts, seeds)
+
+    def picked(self, part: dict, best: dict) -> list:
+        return [c for c in self.study.pick(part.get("pick", list(self.study.cells)), best) if c in self.cells]
 
     def run_part(self, part: dict) -> None:
         s, kind = self.study, part["kind"]
-        sweep = s.sweep_of(part)
+        sweep, seeds = s.sweep_of(part), part.get("seeds", s.seeds)
         if kind == "grid":
-            self.grid(sweep, {c: (spec["overrides"], spec["start"]) for c, spec in self.cells.items()})
+            self.grid(sweep, {c: (spec["overrides"], spec["start"]) for c, spec in self.cells.items()}, seeds)
         elif kind == "edge":
-            self.bracket(sweep, {c: spec["overrides"] for c, spec in self.cells.items()})
+            self.bracket(sweep, {c: spec["overrides"] for c, spec in self.cells.items()}, seeds)
         elif kind == "rerun":
             best = self.bests(s.part(part["of"]))
-            picked = [c for c in s.pick(part.get("pick", list(s.cells)), best) if c in self.cells]
+            cells = {c: (best[c][0], self.cells[c]["overrides"]) for c in self.picked(part, best)}
+            for name, a in (part.get("ablations") or {}).items():
+                if a["of"] in cells:
+                    cells[name] = (best[a["of"]][0], {**self.cells[a["of"]]["overrides"], **a.get("overrides", {})})
             threads = next((int(o.split("=")[1]) for o in part.get("overrides", []) if o.startswith("train.threads=")), 1)
-            self.sweep(sweep, dict(s.point(c, best[c][0], self.cells[c]["overrides"]) for c in picked),
-                       part.get("seeds", s.seeds), part.get("overrides", []), jobs=max(1, self.args.jobs // threads))
+            self.sweep(sweep, dict(s.at(c, setting, o) for c, (setting, o) in cells.items()), seeds,
+                       part.get("overrides", []), jobs=max(1, self.args.jobs // threads))
+        elif kind == "vary":
+            best = self.bests(s.part(part["of"]))
+            self.sweep(sweep, dict(s.at(c, {**best[c][0], part["key"]: float(v)}, self.cells[c]["overrides"])
+                                   for c in self.picked(part, best) for v in part["values"]), seeds)
+        elif kind == "points":
+            path = REPO / "configs" / "experiment" / f"{part['experiment']}.yaml"
+            points = yaml.safe_load(path.read_text())["experiment_meta"]["points"]
+            self.sweep(sweep, points, seeds, experiment=part["experiment"])
+        elif kind == "script":
+            self.script(part)
         elif kind == "shapes":
             best = self.bests(s.part(part["of"]))
             picked = s.pick(part["pick"], best)
@@ -313,11 +375,35 @@ class Runner:
             for shape in self.args.shapes or list(grid):   # shape by shape: a study stopped part-way has whole shapes
                 if shape not in grid:
                     raise SystemExit(f"unknown --shapes {shape}: valid are {', '.join(grid)}")
-                cells = {f"{shape}-{c}": ({**s.cells[c]["overrides"], **grid[shape]}, best[c][0]) for c in picked}
-                self.grid(sweep, cells)
-                self.bracket(sweep, {c: o for c, (o, _) in cells.items()})
-        if kind in ("grid", "edge"):
+                cells = {f"{shape}-{c}": ({**s.cells[c]["overrides"], **grid[shape]}, s.setting_value(c, best[c][0]))
+                         for c in picked}
+                self.grid(sweep, cells, seeds)
+                self.bracket(sweep, {c: o for c, (o, _) in cells.items()}, seeds)
+        if kind in ("grid", "edge", "vary"):
             self.record_bests(part)
+
+    def script_targets(self, part: dict) -> list:
+        """The run dirs a script part works on, in the order of its `runs` selectors."""
+        s, out = self.study, []
+        for sel in part["runs"]:
+            of = s.part(sel["of"])
+            if sel.get("best"):
+                runs = [r for b in self.best_runs(of).values() for r in b["runs"]]
+            else:
+                runs = [r for c, rs in s.by_cell(self.finished(s.sweep_of(of))).items() for r in rs
+                        if c in sel.get("cells", [c])]
+            out += [r for r in runs if "seeds" not in sel or str(r.seed) in {str(x) for x in sel["seeds"]}]
+        return out
+
+    def script(self, part: dict) -> None:
+        for r in self.script_targets(part):
+            if (r.path / part["output"]).is_file():
+                print(f"# skip (done): {r.path / part['output']}")
+                continue
+            cmd = [sys.executable, str(REPO / "scripts" / f"{part['script']}.py"), str(r.path), *map(str, part.get("args", []))]
+            print("$", " ".join(cmd), flush=True)
+            if subprocess.run(cmd, check=False).returncode != 0:
+                raise SystemExit(f"{part['script']} on {r.path} failed")
 
 
 def record(root: Path, study: Study, part: str, seconds: float) -> None:
@@ -366,7 +452,8 @@ def main(argv=None) -> int:
     parts = [study.part(args.part)] if args.part else [] if args.report else study.parts
     if args.list:
         for p in study.parts:
-            print(f"{p['name']:<8} {p['kind']:<7} sweep {study.sweep_of(p)}" + (f", from {p['of']}" if "of" in p else ""))
+            where = f"sweep {study.sweep_of(p)}" if study.sweep_of(p) else f"scripts/{p['script']}.py"
+            print(f"{p['name']:<8} {p['kind']:<7} {where}" + (f", from {p['of']}" if "of" in p else ""))
         print("cells: " + ", ".join(study.cells))
         return 0
     runner = Runner(study, args)

@@ -53,8 +53,9 @@ def test_best_lr_is_chosen_on_the_mean_over_seeds_and_edges_get_one_more_point(s
 
 
 def test_a_pick_takes_named_cells_and_the_best_of_each_group(study):
-    best = {"pre_ln": (3e-3, 2.38), "proj_spheret": (1e-3, 2.9), "proj_spheret-a8": (1e-2, 2.7),
-            "proj_spheret-a32": (1e-3, 3.4), "geonorm": (1e-2, 2.45), "geonorm-r1-a8": (3e-3, 2.41)}
+    best = {"pre_ln": ({"optim.lr": 3e-3}, 2.38), "proj_spheret": ({"optim.lr": 1e-3}, 2.9),
+            "proj_spheret-a8": ({"optim.lr": 1e-2}, 2.7), "proj_spheret-a32": ({"optim.lr": 1e-3}, 3.4),
+            "geonorm": ({"optim.lr": 1e-2}, 2.45), "geonorm-r1-a8": ({"optim.lr": 3e-3}, 2.41)}
     assert study.pick(study.part("chaos")["pick"], best) == ["pre_ln", "proj_spheret", "proj_spheret-a8",
                                                              "geonorm-r1-a8"]
     assert study.pick(study.part("trend")["pick"], best) == ["pre_ln", "geonorm-r1-a8"]
@@ -66,7 +67,7 @@ def test_chaos_part_runs_twins_with_two_threads_at_half_the_jobs(study, monkeypa
                           "experiment": "fidelity", "overrides": [], "shapes": None})()
     runner = S.Runner(study, args)
     monkeypatch.setattr(runner, "finished", lambda sweep: grid("pre_ln", {3e-3: [2.38] * 3}))
-    monkeypatch.setattr(runner, "sweep", lambda name, pts, seeds, extra=(), jobs=None: calls.append(
+    monkeypatch.setattr(runner, "sweep", lambda name, pts, seeds, extra=(), jobs=None, experiment=None: calls.append(
         (name, pts, seeds, list(extra), jobs)))
     runner.run_part(study.part("chaos"))
     assert calls == [("step_scale_b", {"pre_ln-lr-0.003": {"norm": "pre_ln", "optim.lr": 3e-3}}, [0],
@@ -88,7 +89,7 @@ def test_a_later_part_starts_from_the_recorded_bests_without_the_run_dirs(study,
     path = tmp_path / "docs" / "step_scale" / "a_best.json"
     path.parent.mkdir(parents=True)
     path.write_text('{"pre_ln": {"lr": 0.003, "mean": 2.377, "edge": false}}')   # the older key name
-    assert runner.bests(study.part("edge")) == {"pre_ln": (0.003, 2.377)}       # edge writes to grid's sweep
+    assert runner.bests(study.part("edge")) == {"pre_ln": ({"optim.lr": 0.003}, 2.377)}   # edge writes to grid's sweep
 
 
 @pytest.mark.parametrize("change, message", [
@@ -160,3 +161,50 @@ def test_the_axes_study_report_ranks_each_block_from_the_run_dirs(tmp_path, load
     assert "| gpt2 | geonorm | adamw | 0.02 (edge) |" in tables           # the best is the largest lr tried
     assert "| llama | pre_ln | muon | 0.025 (edge) | 2.300 (s0) |" in tables
     assert "| pre_ln | 1 | — | — |" in tables and (tmp_path / "docs" / "axes" / "axes.png").is_file()
+
+
+def fake_setting(cell, lr, mult, seed, loss):
+    r = fake(cell, lr, seed, loss)
+    r.config["optim"]["groups"] = {"scalars": {"lr_mult": mult}}
+    if mult != 1.0:
+        r.label = r.base = f"{r.base}-lr_mult-{mult:g}"
+    return r
+
+
+def test_a_point_label_drops_to_its_cell_for_every_tuned_key():
+    study = S.Study.load("fidelity")
+    assert study.cell_of("geonorm-untied-lr-0.01-lr_mult-100") == "geonorm-untied"
+    assert study.cell_of("pre_ln-lr-1e-05") == "pre_ln" and study.cell_of("spheret_p_inf") == "spheret_p_inf"
+
+
+def test_fidelity_parts_chain_the_best_lr_then_the_best_multiplier(monkeypatch, tmp_path):
+    """(b) varies the scalars' multiplier at (a)'s best lr for the cells it picks; (c) and (d) run at the
+    best setting of both, (d) with each ablation at its cell's setting."""
+    study = S.Study.load("fidelity")
+    args = type("A", (), {"cells": list(study.cells), "jobs": 2, "runs_root": tmp_path, "docs": tmp_path,
+                          "experiment": "fidelity", "overrides": [], "shapes": None})()
+    runner = S.Runner(study, args)
+    a = [fake_setting(c, lr, 1.0, 0, x) for c, xs in [("pre_ln", {1e-3: 2.40, 3e-3: 2.38, 1e-2: 2.50}),
+                                                       ("geonorm", {1e-3: 2.50, 3e-3: 2.45, 1e-2: 2.47})]
+         for lr, x in xs.items()]
+    b = [fake_setting("geonorm", 3e-3, m, 0, x) for m, x in [(10.0, 2.44), (30.0, 2.41), (100.0, 2.43)]]
+    monkeypatch.setattr(runner, "finished", lambda sweep: {"fidelity_a": a, "fidelity_b": b}.get(sweep, []))
+    calls = []
+    monkeypatch.setattr(runner, "sweep", lambda name, pts, seeds, extra=(), jobs=None, experiment=None: calls.append(
+        (name, pts, seeds, list(extra))))
+    runner.run_part(study.part("scalars"))
+    assert calls[-1][:3] == ("fidelity_b", {f"geonorm-lr-0.003-lr_mult-{m}": {
+        "norm": "geonorm", "norm.sublayer_input": "raw", "optim.lr": 3e-3, "optim.groups.scalars.lr_mult": float(m)}
+        for m in (10, 30, 100)}, [0])
+    assert runner.bests(study.part("scalars")) == {
+        "pre_ln": ({"optim.lr": 3e-3}, 2.38), "geonorm": ({"optim.lr": 3e-3, "optim.groups.scalars.lr_mult": 30.0}, 2.41)}
+    runner.run_part(study.part("horizon"))
+    name, pts, seeds, extra = calls[-1]
+    assert (name, list(pts), seeds) == ("fidelity_c", ["pre_ln-lr-0.003", "geonorm-lr-0.003-lr_mult-30"], [0, 1])
+    assert "train.max_steps=3200" in extra
+    runner.run_part(study.part("choices"))
+    pts = calls[-1][1]
+    assert pts["geonorm-untied-lr-0.003-lr_mult-30"] == {
+        "norm": "geonorm", "norm.sublayer_input": "raw", "model.tie_embeddings": False, "optim.lr": 3e-3,
+        "optim.groups.scalars.lr_mult": 30.0}
+    assert not any(p.startswith("proj_spheret") for p in pts)      # no best for it: not run
