@@ -29,9 +29,8 @@ def norm_options(node: Any) -> NormOptions:
     name = given.setdefault("name", NormOptions.name)
     cls = get_variant(name).Options  # an unknown name raises ConfigError listing the valid ones
     opts = own_options(cls, given, "norm", f"norm.name={name}", norm_group_keys())
-    for k in opts.unread(set(given)):
-        bad(f"norm.{k}", given[k], f"read only with norm.embed_norm=scalenorm (its options: "
-                                   f"{', '.join(f.name for f in fields(cls))})")
+    for k, setting in opts.unread(set(given)).items():
+        bad(f"norm.{k}", given[k], f"read only with {setting} (its options: {', '.join(f.name for f in fields(cls))})")
     return opts
 
 

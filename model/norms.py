@@ -140,7 +140,7 @@ def _rmsnorm(cfg: "GPTConfig") -> nn.Module:
 
 @NORM_KINDS.register("derf")
 def _derf(cfg: "GPTConfig") -> nn.Module:
-    return Derf(cfg.n_embd)                                         # point-wise: norm.eps is not read
+    return Derf(cfg.n_embd, alpha_init=cfg.norm.derf_alpha)         # point-wise: norm.eps is not read
 
 
 def make_norm(cfg: "GPTConfig") -> nn.Module:

@@ -57,20 +57,28 @@ class NormOptions:
     embed_norm: str = "none"          # input step: none | layer | scalenorm | unit | scaled
     final_norm: bool = True           # output Norm before the LM head
     learn_radius: bool = True         # input step scalenorm: its radius g learnable (false: fixed at 1)
+    derf_alpha: float = 1.0           # norm.kind=derf: Derf's initial alpha (1: its paper's language-model setting)
 
     def __post_init__(self) -> None:
         check_choices(self, "norm")
         NORM_KINDS[self.kind], INPUT_STEPS[self.embed_norm]  # unknown names: one line listing the valid ones
         if not (_is_number(self.eps) and self.eps >= 0):
             bad("norm.eps", self.eps, "must be >= 0")
+        if not (_is_number(self.derf_alpha) and 0 < self.derf_alpha < math.inf):
+            bad("norm.derf_alpha", self.derf_alpha, "must be a finite number > 0")
         for key in ("final_norm", "learn_radius"):
             if not isinstance(getattr(self, key), bool):
                 bad(f"norm.{key}", getattr(self, key), "must be true or false")
 
-    def unread(self, given) -> list:
-        """Of the keys set (`given`), those this configuration does not read (a fixed radius without a
-        ScaleNorm to fix)."""
-        return ["learn_radius"] if not self.learn_radius and self.embed_norm != "scalenorm" else []
+    def unread(self, given) -> dict:
+        """Of the keys set (`given`) away from their defaults, those this configuration does not read, each
+        with the setting that reads it (a fixed radius without a ScaleNorm to fix; Derf's alpha without Derf)."""
+        out = {}
+        if not self.learn_radius and self.embed_norm != "scalenorm":
+            out["learn_radius"] = "norm.embed_norm=scalenorm"
+        if self.derf_alpha != 1.0 and self.kind != "derf":
+            out["derf_alpha"] = "norm.kind=derf"
+        return out
 
 
 class Variant(nn.Module):

@@ -70,7 +70,7 @@ def test_wrong_types_are_one_line_naming_the_key():
     for override, msg in (("train.max_steps=abc", "bad config train.max_steps='abc': must be an integer"),
                           ("norm=geonorm norm.clamp=abc", "bad config norm.clamp='abc': must be a number"),
                           ("norm.clamp=0.5", "bad config norm.clamp=0.5: not an option of norm.name=pre_ln (its "
-                                             "options: name, kind, eps, embed_norm, final_norm, learn_radius)"),
+                                             "options: name, kind, eps, embed_norm, final_norm, learn_radius, derf_alpha)"),
                           ("model.bias=1", "bad config model.bias=1: must be true or false"),
                           ("optim.groups.vectors.lr_mult=[1]", "bad config optim.groups.vectors.lr_mult=[1]: must be a number")):
         with pytest.raises(ConfigError) as e:

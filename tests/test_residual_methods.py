@@ -73,6 +73,16 @@ def test_pre_derf_matches_the_reference_formula():
     assert groups["blocks.0.attn_rule.norm.weight"] == "vectors"
 
 
+def test_derf_alpha_is_an_option_of_the_derf_kind_only():
+    from model import ConfigError
+    model = one_block("pre_derf", derf_alpha=8.0)
+    assert {m.alpha.item() for m in model.modules() if type(m).__name__ == "Derf"} == {8.0}
+    with pytest.raises(ConfigError, match=r"bad config norm.derf_alpha=2.0: read only with norm.kind=derf"):
+        gpt_config("pre_ln", derf_alpha=2.0)
+    with pytest.raises(ConfigError, match=r"norm.derf_alpha=0.0: must be a finite number > 0"):
+        gpt_config("pre_derf", derf_alpha=0.0)
+
+
 def test_derf_is_a_norm_kind_of_every_variant():
     for norm in ("post_ln", "peri_ln", "geonorm"):
         model = one_block(norm, kind="derf")
