@@ -14,18 +14,23 @@ from data.files import atomic_write
 
 def cell_rows(study, runs: list) -> dict:
     """cell -> {value, edge, by_value, summary}: each cell at its best value (the lowest mean over seeds)."""
-    rows = {}
+    rows, by_cell = {}, study.by_cell(runs)
     for cell, b in study.best(runs).items():
+        spikes: dict = {}   # value -> loss spikes summed over its seeds: does a method tolerate a larger lr?
+        for r in by_cell[cell]:
+            v = float(runlib.get_key(r.config, study.key_of(cell)))
+            spikes[v] = spikes.get(v, 0) + r.spike_count("loss")
         rows[cell] = {"value": float(b["value"]), "edge": runlib.at_edge(b),
                       "by_value": b["by_value"], "summary": summarize(runlib.ok_losses(b["runs"])),
-                      "spikes": [r.spike_count("loss") for r in b["runs"]], "failed": sum(r.failed for r in b["runs"])}
+                      "spikes": [r.spike_count("loss") for r in b["runs"]], "failed": sum(r.failed for r in b["runs"]),
+                      "spikes_by_value": spikes}
     return rows
 
 
 def table(study, rows: dict) -> list[str]:
     key = study.key.rsplit(".", 1)[-1]
     out = [f"| cell | each {key}: mean | best {key} | per seed | mean ± std | 95% CI | loss spikes (per seed) | "
-           f"vs {study.reference or '—'} |", "|---|---|---|---|---|---|---|---|"]
+           f"loss spikes at each {key} (all seeds) | vs {study.reference or '—'} |", "|---|---|---|---|---|---|---|---|---|"]
     for cell, r in rows.items():
         ref_name = study.reference_of(cell)
         ref = rows.get(ref_name) if ref_name else None
@@ -39,7 +44,8 @@ def table(study, rows: dict) -> list[str]:
             vs = verdict(list(ref["summary"].values), list(s.values), ref_name, cell)
         failed = f" ({r['failed']} failed)" if r["failed"] else ""
         out.append(f"| {cell} | {each} | {r['value']:g}{' (edge)' if r['edge'] else ''} | {s.per_seed()}{failed} | "
-                   f"{s.mean_std()} | {s.ci()} | {', '.join(map(str, r['spikes']))} | {vs} |")
+                   f"{s.mean_std()} | {s.ci()} | {', '.join(map(str, r['spikes']))} | "
+                   f"{', '.join(f'{v:g}: {n}' for v, n in sorted(r['spikes_by_value'].items()))} | {vs} |")
     return out
 
 

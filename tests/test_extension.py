@@ -176,6 +176,7 @@ def test_new_study_is_one_yaml_file(tmp_path, pydocs):
         all(p.name.endswith("-s1") for p in (tmp_path / "runs" / "mini_b").glob("*-s*"))
     tables = (tmp_path / "docs" / "mini" / "tables.md").read_text()
     assert "## mini_a" in tables and "| pre_ln | 0.001: " in tables and "(edge)" in tables
+    assert "| loss spikes at each lr (all seeds) |" in tables and "| 0.001: 0, 0.003: 0 |" in tables
     times = yaml.safe_load((tmp_path / "runs" / "mini_times.json").read_text())
     assert set(times) == {"grid", "seeds"}
     assert set(yaml.safe_load((tmp_path / "runs" / "mini_commits.json").read_text())) == {"grid", "seeds"}
