@@ -51,15 +51,21 @@ class Trainer:
         self.run_dir = Path(distributed.broadcast_object(str(self.rc.out_dir)))
         resume_path = self._resolve_resume()
         self._build_model_and_optimizer()
-        self._build_loaders()
+        self.loader, self.val = run_data.loaders(self.data_dir, self.train_cfg, self.mcfg.block_size, self.accum,
+                                                 self.dist)
         self._init_run_state()
-        config_changed = self._load(resume_path) if resume_path is not None else False
+        # a resume loads the run's state (trainer/resume.py) and says whether the config differs from its
+        config_changed = resume.restore(self, resume_path) if resume_path is not None else False
         self._wrap_model()
         self.flops_per_token = float(self.model.flops_per_token())
         self.peak = peak_flops(self.device, self.precision)
-        self._open_sinks(resume_path, config_changed)
+        if self.dist.is_main:  # the run dir's config.yaml and the record sinks (trainer/sinks.py)
+            self.sinks, self.wandb_run_id = open_run_sinks(self.run_dir, self.rc, self.step, resume_path is not None,
+                                                           config_changed, self.wandb_run_id)
+            self.sinks.extend(self.extra_sinks)
         self.stop.install()
-        self._log_start(resume_path)
+        if self.dist.is_main and self.log_cfg.console:
+            log.info(start_line(self, resume_path))
 
     def _configure_torch(self) -> None:
         """Device, precision, threads, determinism and TF32, from train.*."""
@@ -96,10 +102,6 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.group_params = {g: [p for _, p in named] for g, named in self.model.parameter_groups().items() if named}
 
-    def _build_loaders(self) -> None:
-        self.loader, self.val = run_data.loaders(self.data_dir, self.train_cfg, self.mcfg.block_size, self.accum,
-                                                 self.dist)
-
     def _init_run_state(self) -> None:
         """Counters, per-step buffers and monitors of a fresh run (a resume then loads them).
         Device-side state is read by the host at log steps only."""
@@ -128,10 +130,6 @@ class Trainer:
                                                         step_being_made=lambda: self.step + 1)
         self._flag_group = distributed.new_cpu_group() if self.dist.enabled else None
 
-    def _log_start(self, resume_path: Optional[Path]) -> None:
-        if self.dist.is_main and self.log_cfg.console:
-            log.info(start_line(self, resume_path))
-
     def _resolve_resume(self) -> Optional[Path]:
         """Rank 0 claims the run dir and decides (fresh, resume from which file, or error: trainer/resume.py);
         it tells the other ranks."""
@@ -143,18 +141,6 @@ class Trainer:
         if decision[0] == "error":
             raise ConfigError(decision[1])
         return Path(decision[1]) if decision[1] else None
-
-    def _load(self, path: Path) -> bool:
-        """Continue from checkpoint `path` (trainer/resume.py). Returns whether the config differs from its."""
-        return resume.restore(self, path)
-
-    def _open_sinks(self, resume_path: Optional[Path], config_changed: bool) -> None:
-        """Rank 0: the run dir's config.yaml and the record sinks (trainer/sinks.py)."""
-        if self.dist.is_main:
-            self.sinks, self.wandb_run_id = open_run_sinks(
-                self.run_dir, self.rc, self.step, resume_path is not None,
-                config_changed, self.wandb_run_id)
-            self.sinks.extend(self.extra_sinks)
 
     def emit(self, record: dict) -> None:
         for s in self.sinks:
@@ -179,7 +165,10 @@ class Trainer:
         while self.step < train_cfg.max_steps:
             s = self.step + 1  # the step being made; records use completed-step counts
             is_stats = s % log_cfg.stats_interval == 0
-            stats_inputs = self._timed_train_step(s, is_stats, n_buf, timer)
+            # a compiling first step is timed apart and reported as compile_s
+            stats_inputs, compile_s = timer.step(lambda: self.train_step(s, is_stats, n_buf), apart=self.compiling_step)
+            if compile_s is not None:
+                self.compile_s, self.compiling_step = compile_s, False
             self.step, n_buf = s, n_buf + 1
             self.stop.note(s)
             last = s == train_cfg.max_steps
@@ -209,17 +198,6 @@ class Trainer:
                         result["stopped"] = "stop_at"
                         return self._finish(result, summary=False)
         return self._finish(result, summary=True)
-
-    def _timed_train_step(self, s: int, is_stats: bool, slot: int, timer: IntervalTimer) -> Optional[StatsInputs]:
-        """train_step, counted by the interval timer; a compiling first step is timed apart (compile_s)."""
-        if not self.compiling_step:
-            stats_inputs = self.train_step(s, is_stats, slot)
-            timer.steps += 1
-            return stats_inputs
-        with timer.exclude() as first:
-            stats_inputs = self.train_step(s, is_stats, slot)
-        self.compile_s, self.compiling_step = first.seconds, False
-        return stats_inputs
 
     def _stop_diverged(self, s: int, consec: int, result: dict) -> None:
         """Too many non-finite steps in a row: evaluate, checkpoint, and end the run as diverged."""

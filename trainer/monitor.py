@@ -202,6 +202,16 @@ class IntervalTimer:
             region.seconds = self.clock() - e0
             self.excluded += region.seconds
 
+    def step(self, fn, apart: bool = False):
+        """(fn(), None) counted as one timed step; `apart` (a compiling first step): (fn(), its seconds),
+        timed on its own and excluded from the interval."""
+        if not apart:
+            self.steps += 1
+            return fn(), None
+        with self.exclude() as region:
+            out = fn()
+        return out, region.seconds
+
     def read(self) -> tuple:
         """(seconds of the timed steps, number of timed steps) since start()."""
         self.sync()
