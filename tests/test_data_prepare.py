@@ -467,29 +467,35 @@ def test_held_out_val_split_is_topped_up_to_a_usable_size(tmp_path):
     assert not (tmp_path / "cache" / "small-bytes").exists()
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("name, content, needle", [
     ("empty.jsonl", b"", "no records (an empty file?)"),
     ("bin.jsonl", bytes(range(256)) * 8, "ArrowInvalid"),
     ("bin.txt", bytes(range(128, 256)) * 8, "UnicodeDecodeError"),
 ], ids=["empty.jsonl", "bin.jsonl", "bin.txt"])
-def test_unreadable_files_are_one_line_and_leave_no_directory(tmp_path, name, content, needle):
+def test_unreadable_files_are_one_line_and_leave_no_directory(tmp_path, capsys, name, content, needle):
+    """The command's own error path, in this process (test_cli_prints_one_line_error runs the command)."""
+    from data.prepare import main
+
     (tmp_path / name).write_bytes(content)
-    r = run_prepare("data=local", "data.name=bad", "data.tokenizer=bytes", f"data.files={tmp_path / name}",
-                    f"data.root={tmp_path / 'cache'}", "data.num_workers=1")
-    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
-    last = r.stderr.strip().splitlines()[-1]
+    with pytest.raises(SystemExit) as e:
+        main(["data=local", "data.name=bad", "data.tokenizer=bytes", f"data.files={tmp_path / name}",
+              f"data.root={tmp_path / 'cache'}", "data.num_workers=1"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Traceback" not in err, err[-2000:]
+    last = err.strip().splitlines()[-1]
     assert last.startswith("error: ") and name in last and needle in last and "cannot be read" in last
     assert not (tmp_path / "cache" / "bad-bytes").exists()
 
 
-@pytest.mark.slow
-def test_verify_ends_with_a_line_that_every_sha256_matched(tmp_path):
+def test_verify_ends_with_a_line_that_every_sha256_matched(tmp_path, capsys):
+    from data.prepare import main
+
     f = write_jsonl(tmp_path / "c.jsonl", DOCS * 2)
     args = ["data=local", "data.name=v", "data.tokenizer=bytes", f"data.files={f}", f"data.root={tmp_path}",
             "data.num_workers=1", "data.val_fraction=0.2", "data.shard_size=3000"]
-    assert run_prepare(*args).returncode == 0
-    r = run_prepare(*args, "--verify")
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main([*args, "--verify"]) == 0
     n = sum(len(s["shards"]) for s in json.loads((tmp_path / "v-bytes" / "meta.json").read_text())["splits"].values())
-    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == \
+    assert capsys.readouterr().out.strip().splitlines()[-1] == \
         f"verified: the sha256 of all {n} shards matches {tmp_path / 'v-bytes' / 'meta.json'}"
