@@ -31,7 +31,8 @@ was run with (scripts/runlib.py: best_over). Wall time and code commit per part 
 <runs-root>/<study>_times.json and <study>_commits.json; each tuned part's bests are recorded in
 docs/<study>/<sweep suffix>_best.json, so later parts can start on a checkout without the run dirs.
 The report is the study's `report` module (scripts/<module>.py: report(study, runs_root, docs)), else a
-table per part (scripts/study_tables.py).
+table per part (scripts/study_tables.py), and for each of the study's `contrasts` ({a, b, at}) cell a
+against cell b at one value of the tuned key (not only at each one's best), with the same statistics.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ class Study:
     reference: str | None = None
     report: str | None = None
     doc: str | None = None
+    contrasts: list = field(default_factory=list)   # {a, b, at}: cell a against b at one value of the key
 
     @classmethod
     def load(cls, name: str, studies: Path = STUDIES) -> "Study":
@@ -90,7 +92,7 @@ class Study:
         for k in ("experiment", "cells", "parts"):
             if k not in d:
                 bad(k, "missing")
-        known = {"doc", "experiment", "overrides", "seeds", "reference", "report", "cells", "parts"}
+        known = {"doc", "experiment", "overrides", "seeds", "reference", "report", "cells", "parts", "contrasts"}
         for k in set(d) - known:
             bad(k, f"unknown key (valid: tune, {', '.join(sorted(known))})")
         study = cls(name=path.stem, path=path, key=tune.get("key", "optim.lr"), ladder=list(tune.get("ladder", [])),
@@ -115,6 +117,9 @@ class Study:
                                                                         if p["kind"] != "script"]:
                 if c not in study.cells:
                     bad(f"parts.{p['name']}.pick", f"unknown cell {c!r}")
+        for i, c in enumerate(study.contrasts):
+            if not isinstance(c, dict) or set(c) != {"a", "b", "at"} or not {c["a"], c["b"]} <= set(study.cells):
+                bad(f"contrasts[{i}]", "needs a and b (cells) and at (a value of their tuned key)")
         if study.reference is not None and not any(c == study.reference or c.endswith("." + study.reference)
                                                    for c in study.cells):
             bad("reference", f"unknown cell {study.reference!r} (a cell, or the <block>.<cell> suffix of some)")

@@ -49,6 +49,27 @@ def table(study, rows: dict) -> list[str]:
     return out
 
 
+def contrasts(study, runs: list) -> list[str]:
+    """Each of the study's contrasts: cell a against cell b at one value of their tuned key, per seed."""
+    by_cell, out = study.by_cell(runs), []
+    for c in study.contrasts:
+        at = float(c["at"])
+        xs = {k: [r for r in by_cell.get(c[k], []) if float(runlib.get_key(r.config, study.key_of(c[k]))) == at]
+              for k in ("a", "b")}
+        if not xs["a"] or not xs["b"]:
+            continue
+        if not out:
+            key = study.key.rsplit(".", 1)[-1]
+            out = ["", f"Contrasts (a cell against another at one {key}, not each at its best):", "",
+                   f"| cell | {key} | per seed | mean ± std | 95% CI | loss spikes (per seed) | vs |", "|---|---|---|---|---|---|---|"]
+        sa, sb = (summarize(runlib.ok_losses(xs[k])) for k in ("a", "b"))
+        for k, sm in (("a", sa), ("b", sb)):
+            vs = verdict(list(sb.values), list(sa.values), c["b"], c["a"]) if k == "a" else "—"
+            out.append(f"| {c[k]} | {at:g} | {sm.per_seed()} | {sm.mean_std()} | {sm.ci()} | "
+                       f"{', '.join(str(r.spike_count('loss')) for r in xs[k])} | {vs} |")
+    return out
+
+
 def report(study, root: Path, docs: Path) -> None:
     out = docs / study.name
     times_path, commits_path = root / f"{study.name}_times.json", root / f"{study.name}_commits.json"
@@ -67,7 +88,7 @@ def report(study, root: Path, docs: Path) -> None:
             continue
         tokens = runlib.get_key(runs[0].config, "train.max_steps", 0) * runlib.get_key(runs[0].config, "train.batch_tokens", 0)
         lines += ["", f"## {sweep}", "", f"{len(runs)} runs, {tokens:,} tokens per run.", "",
-                  *table(study, cell_rows(study, runs))]
+                  *table(study, cell_rows(study, runs)), *contrasts(study, runs)]
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "tables.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'tables.md'}")

@@ -208,3 +208,14 @@ def test_fidelity_parts_chain_the_best_lr_then_the_best_multiplier(monkeypatch, 
         "norm": "geonorm", "norm.sublayer_input": "raw", "model.tie_embeddings": False, "optim.lr": 3e-3,
         "optim.groups.scalars.lr_mult": 30.0}
     assert not any(p.startswith("proj_spheret") for p in pts)      # no best for it: not run
+
+
+def test_a_contrast_compares_two_cells_at_one_value(load_script):
+    tables = load_script("study_tables")
+    study = S.Study.load("methods")
+    runs = grid("gpt2.pre_ln", {3e-3: [2.37, 2.38, 2.38], 1e-2: [2.70, 2.72, 2.75]}) + \
+        grid("gpt2.pre_ln-gated", {3e-3: [2.37, 2.38, 2.39], 1e-2: [2.47, 2.48, 2.46]})
+    lines = tables.contrasts(study, runs)
+    assert "| gpt2.pre_ln-gated | 0.01 | 2.470, 2.480, 2.460 | 2.470 ± 0.010 |" in "\n".join(lines)
+    assert any(line.startswith("| gpt2.pre_ln-gated |") and "gpt2.pre_ln-gated ahead (p=" in line for line in lines)
+    assert tables.contrasts(study, runs[:6]) == []      # the gated cell has not run: no contrast
