@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from common.config import bad as common_bad, build, check_choices
+from common.config import bad as common_bad, build, check_choices, to_plain
 
 from .errors import DataError
 from .sources import SOURCES
@@ -45,20 +45,21 @@ class DataConfig:
 
     @classmethod
     def from_any(cls, cfg: Any) -> "DataConfig":
-        """From the composed `data` group (or a dict); absent keys take the defaults above."""
+        """From the composed `data` group (or a dict); absent keys take the defaults above, and a null
+        root is the environment's ($NANONORM_DATA, else data_cache), fixed here once for the run."""
         if isinstance(cfg, DataConfig):
             return cfg
-        self = build(cls, cfg, "data", error=DataError)
-        self.validate()
-        return self
+        d = to_plain(cfg)
+        if d.get("root") is None:
+            d["root"] = default_root()
+        return build(cls, d, "data", error=DataError)
 
-    def validate(self) -> None:
-        if self.root is None:
-            self.root = os.environ.get("NANONORM_DATA", "data_cache")
+    def __post_init__(self) -> None:
         def bad(key, why):
             common_bad(f"data.{key}", getattr(self, key), why, DataError)
 
-        for key in ("name", "tokenizer", "root", "source", "split", "text_column", "txt_sample_by"):
+        strings = ("name", "tokenizer", "source", "split", "text_column", "txt_sample_by")
+        for key in strings + (("root",) if self.root is not None else ()):   # a null root: default_root()
             if not isinstance(getattr(self, key), str) or not getattr(self, key):
                 bad(key, "must be a non-empty string")
         SOURCES[self.source]  # an unknown name raises one line listing the valid ones
@@ -92,8 +93,13 @@ class DataConfig:
     def out_dir(self) -> Path:
         """<root>/<name>[-<subset>]-<tokenizer>: tokenizers and subsets never share a directory."""
         parts = [self.name] + ([self.subset] if self.subset else []) + [self.tokenizer]
-        return Path(os.path.expanduser(self.root)) / "-".join(parts)
+        return Path(os.path.expanduser(self.root or default_root())) / "-".join(parts)
 
     def content(self) -> dict:
         d = dataclasses.asdict(self)
         return {k: d[k] for k in self.CONTENT_KEYS}
+
+
+def default_root() -> str:
+    """Where prepared data lives when data.root is null: $NANONORM_DATA, else ./data_cache."""
+    return os.environ.get("NANONORM_DATA", "data_cache")

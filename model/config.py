@@ -64,9 +64,6 @@ class GPTConfig:
 
     def __post_init__(self) -> None:
         self.norm = norm_options({"name": self.norm} if isinstance(self.norm, str) else self.norm)
-        self.validate()
-
-    def validate(self) -> None:
         check_choices(self, "model")
         for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
             positive_int(f"model.{key}", getattr(self, key))
