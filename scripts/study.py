@@ -37,6 +37,7 @@ against cell b at one value of the tuned key (not only at each one's best), with
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import subprocess
@@ -113,8 +114,7 @@ class Study:
             if p["kind"] not in ("grid", "points", "script") and p.get("of") not in names[:i]:
                 bad(f"parts.{p['name']}.of", f"{p.get('of')!r} is not an earlier part ({', '.join(names[:i]) or 'none'})")
             ablated = [a.get("of") for a in (p.get("ablations") or {}).values()]
-            for c in study.picked_names(p.get("pick", [])) + ablated + [c for r in p.get("runs", []) for c in r.get("cells", [])
-                                                                        if p["kind"] != "script"]:
+            for c in study.picked_names(p.get("pick", [])) + ablated:
                 if c not in study.cells:
                     bad(f"parts.{p['name']}.pick", f"unknown cell {c!r}")
         for i, c in enumerate(study.contrasts):
@@ -184,12 +184,16 @@ class Study:
         """A point at a setting (key -> value): labelled <cell>-<last part of each key>-<value>."""
         return cell + "".join(f"-{k.rsplit('.', 1)[-1]}-{v:g}" for k, v in setting.items()), {**overrides, **setting}
 
-    def cell_of(self, label: str) -> str:
-        """The cell of a point's label: its <key>-<value> suffixes (of every key the study tunes) dropped."""
+    @functools.cached_property
+    def _label_tail(self) -> re.Pattern:
+        """<anything>-<last part of a key the study tunes>-<value>, once per study (cell_of runs per run)."""
         keys = {self.key, *(c.get("key", self.key) for c in self.cells.values()),
                 *(p["key"] for p in self.parts if p["kind"] == "vary")}
-        tail = re.compile(r"^(.*)-(" + "|".join(re.escape(k.rsplit(".", 1)[-1]) for k in keys) + r")-[-+.e0-9]+$")
-        while (m := tail.match(label)) and m.group(1):
+        return re.compile(r"^(.*)-(" + "|".join(re.escape(k.rsplit(".", 1)[-1]) for k in keys) + r")-[-+.e0-9]+$")
+
+    def cell_of(self, label: str) -> str:
+        """The cell of a point's label: its <key>-<value> suffixes (of every key the study tunes) dropped."""
+        while (m := self._label_tail.match(label)) and m.group(1):
             label = m.group(1)
         return label
 
@@ -199,10 +203,9 @@ class Study:
             out.setdefault(self.cell_of(r.base), []).append(r)
         return out
 
-    def best(self, runs: list, key: str | None = None) -> dict:
-        """cell -> runlib.best_over over the tuned key, or `key` (the mean over the seeds every value was
-        run with)."""
-        return {c: runlib.best_over({c: rs}, key or self.key_of(c))[c] for c, rs in self.by_cell(runs).items()}
+    def best(self, runs: list) -> dict:
+        """cell -> runlib.best_over over the tuned key (the mean over the seeds every value was run with)."""
+        return {c: runlib.best_over({c: rs}, self.key_of(c))[c] for c, rs in self.by_cell(runs).items()}
 
     def edge_points(self, runs: list, cells: dict) -> dict:
         """One more ladder point beyond each cell's best (cells: label -> overrides) where the best is the
