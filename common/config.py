@@ -1,29 +1,23 @@
 """The typed config layer shared by every component.
 
-A component's config is one dataclass next to the code that reads it; each default and its one-line doc
-(the field's trailing comment) are written there once. From such a dataclass this module derives:
-
-- `defaults(cls)`: its keys and defaults as a plain mapping, from which `schema` makes the Hydra schema
-  node of a config group (trainer/config_store.py registers them), so every key exists before any YAML
-  is read: `train.max_steps=3` needs no `+`, and a YAML file holds only what differs from the defaults;
-- `build(cls, node, prefix)`: the typed object, from a composed config group. An unknown key, a wrong type
-  or a null where none is allowed fails with one line naming the full key (`train.max_steps`); value
-  checks stay in each dataclass (`validate()` or `__post_init__`);
-- `field_docs(cls)`: each field's one-line doc, for `python train.py --help`.
-
-Schema leaves are untyped (Any) on purpose: `build` is the one type check, so a wrong type reads the same
-one line wherever the config comes from (Hydra, a checkpoint, a test's dict).
+A component's config is one dataclass next to the code that reads it. Each default, its one-line doc
+(the field's trailing comment) and what a value may be (the annotation: type, `Literal` choices, a
+`Range`: `max_steps: PosInt = 600`) are written there once. `check(self, prefix)`, the first line of
+every config's `__post_init__`, enforces the annotations, so `TrainConfig(max_steps=0)` fails as
+`train.max_steps=0` does, in one line naming the key; `build` makes the object from a composed group,
+`defaults`/`schema` the Hydra schema (trainer/config_store.py), `field_docs` the `--help` lines.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import re
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, Optional, Type, Union
+from typing import Annotated, Any, Literal, Optional, Type, Union
 
 from .errors import ConfigError, UserError
 
@@ -35,10 +29,98 @@ def bad(key: str, value: Any, valid: str, error: Type[UserError] = ConfigError) 
     raise error(f"bad config {key}={value!r}: {valid}")
 
 
-def positive_int(key: str, value: Any, error: Type[UserError] = ConfigError) -> None:
-    """`value` is an integer > 0 (a bool is not), else the one error line naming `key`."""
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        bad(key, value, "must be a positive integer", error)
+@dataclasses.dataclass(frozen=True)
+class Range:
+    """A number's valid interval, written in its annotation: `Annotated[float, Range(0, 1, "[)")]`.
+    `ends` says which ends are in; an excluded infinite end means the number must be finite."""
+    lo: float = -math.inf
+    hi: float = math.inf
+    ends: str = "[]"
+
+    def holds(self, v: float) -> bool:
+        return (v > self.lo if self.ends[0] == "(" else v >= self.lo) and \
+            (v < self.hi if self.ends[1] == ")" else v <= self.hi)
+
+    def text(self, integer: bool) -> str:
+        if math.isinf(self.lo) and math.isinf(self.hi):
+            return "must be a finite number"
+        if math.isfinite(self.lo) and math.isfinite(self.hi):
+            return f"must be in {self.ends[0]}{self.lo:g}, {self.hi:g}{self.ends[1]}"
+        if integer:
+            return "must be a positive integer" if self.lo == 1 else f"must be an integer >= {self.lo:g}"
+        finite = "a finite number " if self.ends[1] == ")" else ""
+        return f"must be {finite}{'>' if self.ends[0] == '(' else '>='} {self.lo:g}"
+
+
+PosInt = Annotated[int, Range(1)]                          # an integer >= 1
+NonNegInt = Annotated[int, Range(0)]                       # an integer >= 0
+Positive = Annotated[float, Range(0, math.inf, "()")]      # a finite number > 0
+NonNeg = Annotated[float, Range(0)]                        # a number >= 0 (.inf allowed)
+Finite = Annotated[float, Range(-math.inf, math.inf, "()")]  # a finite number
+Name = Annotated[str, "non-empty"]                         # a non-empty string
+
+
+@functools.cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def check(obj: Any, prefix: str, error: Type[UserError] = ConfigError) -> None:
+    """Every field of a config object against its annotation (type, `Literal` choices, `Range`, non-empty
+    `Name`), else one line naming `prefix.field`. Values are normalised in place: an int where a float is
+    declared, a list where a tuple is, YAML's `.inf` spelling."""
+    for f in dataclasses.fields(obj):
+        v = _conform(f"{prefix}.{f.name}", getattr(obj, f.name), _hints(type(obj))[f.name], error)
+        object.__setattr__(obj, f.name, v)  # frozen configs too: this is their construction
+
+
+def _conform(key: str, v: Any, t: Any, error: Type[UserError]) -> Any:
+    given, meta = v, ()
+    if typing.get_origin(t) is Annotated:
+        t, meta = t.__origin__, t.__metadata__
+    nullable = False
+    if typing.get_origin(t) in (Union, types.UnionType):
+        options = [a for a in typing.get_args(t) if a is not type(None)]
+        nullable = len(options) < len(typing.get_args(t))
+        if v is None:
+            return None if nullable else bad(key, v, "must not be null", error)
+        if len(options) > 1:
+            return v  # several types (auto|true|false, a glob or a list of globs): the class checks the value
+        t = options[0]
+        if typing.get_origin(t) is Annotated:
+            t, meta = t.__origin__, t.__metadata__
+    if v is None and t is not Any:
+        bad(key, v, "must not be null", error)
+    if typing.get_origin(t) is Literal:
+        # `True == 1` in Python, so compare types too (compile=1 is not compile=true).
+        if not any(v == a and type(v) is type(a) for a in typing.get_args(t)):
+            bad(key, v, "valid: " + ", ".join(show_value(a) for a in typing.get_args(t)), error)
+    elif t is bool and not isinstance(v, bool):
+        bad(key, v, "must be true or false", error)
+    elif t is int and (not isinstance(v, int) or isinstance(v, bool)):
+        bad(key, v, "must be an integer", error)
+    elif t is float:
+        if isinstance(v, str) and v.strip().lower() in (".inf", "+.inf"):
+            v = math.inf  # YAML's spelling of infinity, also accepted on the command line
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v):
+            bad(key, v, "must be a number", error)
+        v = float(v)
+    elif t is str and not isinstance(v, str):
+        bad(key, v, "must be a string", error)
+    elif t in (tuple, list) or typing.get_origin(t) in (tuple, list):
+        if not isinstance(v, (list, tuple)):
+            bad(key, v, "must be a list", error)
+        v = (tuple if tuple in (t, typing.get_origin(t)) else list)(v)
+    elif dataclasses.is_dataclass(t):
+        if not isinstance(v, t):
+            bad(key, v, "must be a group of keys", error)
+        check(v, key, error)  # a nested group's errors name its full key (optim.groups.vectors.lr_mult)
+    for m in meta:
+        if isinstance(m, Range) and not m.holds(v):
+            bad(key, given, m.text(t is int) + (" or null" if nullable else ""), error)
+        if m == "non-empty" and not v:
+            bad(key, v, "must be a non-empty string", error)
+    return v
 
 
 def literal_choices(t: Any) -> Optional[tuple]:
@@ -51,17 +133,6 @@ def literal_choices(t: Any) -> Optional[tuple]:
 def show_value(v: Any) -> str:
     """A value as YAML writes it (true, null)."""
     return "null" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
-
-
-def check_choices(obj: Any, prefix: str, error: Type[UserError] = ConfigError) -> None:
-    """Every `Literal` field of a dataclass instance holds one of its values, else one line naming the
-    key and the valid values (from __post_init__: the choices are written once, in the annotation)."""
-    for name, t in typing.get_type_hints(type(obj)).items():
-        allowed, v = literal_choices(t), getattr(obj, name, None)
-        # `True == 1` in Python, so compare types too (compile=1 is not compile=true).
-        if allowed and not (v is None and type(None) in typing.get_args(t)) and \
-                not any(v == a and type(v) is type(a) for a in allowed):
-            bad(f"{prefix}.{name}", v, "valid: " + ", ".join(show_value(a) for a in allowed), error)
 
 
 def to_plain(node: Any) -> dict:
@@ -77,83 +148,66 @@ def to_plain(node: Any) -> dict:
 
 def defaults(cls, keys: Optional[Mapping[str, str]] = None) -> dict:
     """{key: default} of a dataclass (nested dataclasses as nested dicts, tuples as lists, MISSING where a
-    field has no default). `keys` maps config keys to field names when they differ (the `norm` group)."""
-    by_field = {f.name: MISSING if _required(f) else _field_default(cls, f.name) for f in dataclasses.fields(cls)}
-    keys = keys or {name: name for name in by_field}
-    return {key: by_field[name] for key, name in keys.items()}
+    field has no default). `keys` maps config keys to field names when they differ."""
+    by_field = {f.name: _default(f) for f in dataclasses.fields(cls)}
+    return {key: by_field[name] for key, name in (keys or {n: n for n in by_field}).items()}
 
 
-def _required(f: dataclasses.Field) -> bool:
-    return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
-
-
-def _field_default(cls, name: str) -> Any:
-    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+def _default(f: dataclasses.Field) -> Any:
     if f.default is not dataclasses.MISSING:
         return _plain_value(f.default)
     if f.default_factory is not dataclasses.MISSING:
         return _plain_value(f.default_factory())
-    return None
-
-
-def _merge(base: Mapping, over: Mapping) -> dict:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(out.get(k), Mapping) and isinstance(v, Mapping) else v
-    return out
+    return MISSING
 
 
 def _plain_value(v: Any) -> Any:
     if dataclasses.is_dataclass(v):
         return {f.name: _plain_value(getattr(v, f.name)) for f in dataclasses.fields(v)}
-    if isinstance(v, (list, tuple)):
-        return [_plain_value(x) for x in v]
-    return v
+    return [_plain_value(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
 def schema(values: Mapping[str, Any], name: str):
     """A Hydra structured-config node with exactly these keys and defaults (nested mappings become
-    nested nodes). Keys are closed (a typo is an error); every leaf is typed Any (see the module doc)."""
+    nested nodes). Keys are closed (a typo is an error); every leaf is typed Any, so `check` is the one
+    type check and a wrong type reads the same wherever the config comes from."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.structured(_schema_class(values, name))
+    def make(values, name):
+        specs = []
+        for key, v in values.items():
+            if isinstance(v, Mapping):
+                sub = make(v, f"{name}_{key}")
+                specs.append((key, sub, dataclasses.field(default_factory=sub)))
+            else:
+                specs.append((key, Any, dataclasses.field(default_factory=lambda v=v: list(v)) if isinstance(v, list)
+                              else dataclasses.field(default=v)))
+        return dataclasses.make_dataclass(name, specs)
+    return OmegaConf.structured(make(values, name))
 
 
-def _schema_class(values: Mapping[str, Any], name: str):
-    specs = []
-    for key, v in values.items():
-        if isinstance(v, Mapping):
-            sub = _schema_class(v, f"{name}_{key}")
-            specs.append((key, sub, dataclasses.field(default_factory=sub)))
-        elif isinstance(v, list):
-            specs.append((key, Any, dataclasses.field(default_factory=lambda v=v: list(v))))
-        else:
-            specs.append((key, Any, dataclasses.field(default=v)))
-    return dataclasses.make_dataclass(name, specs)
-
-
-def parse(cls, node: Any, prefix: str, keys: Optional[Mapping[str, str]] = None,
-          error: Type[UserError] = ConfigError, also_valid: tuple = ()) -> dict:
-    """{field name: typed value} for the keys present in `node`; `keys` maps config keys to field names
-    (default: the field names themselves). Nested dataclass fields are built recursively."""
-    data = to_plain(node)
-    hints = typing.get_type_hints(cls)
+def build(cls, node: Any, prefix: str, error: Type[UserError] = ConfigError, keys: Optional[Mapping[str, str]] = None,
+          also_valid: tuple = (), **fixed):
+    """The dataclass `cls` from a config group `prefix`: absent keys take its defaults, a partial nested
+    group keeps the parent's defaults for the rest; `keys` maps config keys to field names (default: the
+    same), `fixed` sets fields that are no keys of the group. The class's `__post_init__` checks values."""
+    data, hints = to_plain(node), _hints(cls)
     keys = keys or {f.name: f.name for f in dataclasses.fields(cls)}
     unknown = [k for k in data if k not in keys]
     if unknown:
         raise error(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}: valid keys are "
                     f"{', '.join([*keys, *also_valid])}")
-    kw = {}
+    kw = dict(fixed)
     for key, v in data.items():
-        name, full, t = keys[key], f"{prefix}.{key}", hints[keys[key]]
-        if dataclasses.is_dataclass(t):
-            if not isinstance(v, Mapping):
-                bad(full, v, "must be a group of keys", error)
-            base = _field_default(cls, name)  # a partial group keeps the parent's defaults for the rest
-            kw[name] = build(t, _merge(base, v) if isinstance(base, Mapping) else v, full, error=error)
-        else:
-            kw[name] = _coerce(full, v, t, error)
-    return kw
+        name, t = keys[key], hints[keys[key]]
+        if dataclasses.is_dataclass(t) and isinstance(v, Mapping):
+            base = _default(next(f for f in dataclasses.fields(cls) if f.name == name))
+            v = build(t, {**base, **v} if isinstance(base, Mapping) else v, f"{prefix}.{key}", error)
+        kw[name] = v
+    missing = [f.name for f in dataclasses.fields(cls) if f.name not in kw and _default(f) == MISSING]
+    if missing:
+        raise error(f"missing key {prefix}.{missing[0]}: it has no default, set it")
+    return cls(**kw)
 
 
 def union_keys(classes) -> dict:
@@ -164,12 +218,6 @@ def union_keys(classes) -> dict:
         for f in dataclasses.fields(cls):
             out.setdefault(f.name, cls)
     return out
-
-
-def union_docs(keys: Mapping[str, type]) -> dict:
-    """{key: its one-line doc} for union_keys' result, from the nearest class up the MRO declaring it."""
-    return {k: next((d[k] for c in cls.__mro__ if dataclasses.is_dataclass(c)
-                     for d in [field_docs(c)] if k in d), "") for k, cls in keys.items()}
 
 
 def own_options(cls, given: Mapping[str, Any], prefix: str, owner: str, known, hide: tuple = (),
@@ -201,68 +249,22 @@ def set_values(node: Mapping) -> dict:
     return out
 
 
-def build(cls, node: Any, prefix: str, error: Type[UserError] = ConfigError):
-    """The dataclass `cls` from a config group `prefix` (absent keys take the dataclass's defaults)."""
-    kw = parse(cls, node, prefix, error=error)
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in kw and _required(f)]
-    if missing:
-        raise error(f"missing key {prefix}.{missing[0]}: it has no default, set it")
-    return cls(**kw)
-
-
-def _coerce(key: str, v: Any, t: Any, error: Type[UserError]) -> Any:
-    origin, args = typing.get_origin(t), typing.get_args(t)
-    if origin is Union or origin is types.UnionType:
-        if v is None:
-            if type(None) in args:
-                return None
-            bad(key, v, "must not be null", error)
-        options = [a for a in args if a is not type(None)]
-        if len(options) == 1:
-            return _coerce(key, v, options[0], error)
-        return v  # several types (e.g. auto|true|false, glob|list of globs): the dataclass names the valid values
-    if v is None:
-        bad(key, v, "must not be null", error)
-    if origin is Literal:
-        return v  # the dataclass's __post_init__ checks the value (check_choices)
-    if t is bool:
-        if isinstance(v, bool):
-            return v
-        bad(key, v, "must be true or false", error)
-    if t is int:
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-        bad(key, v, "must be an integer", error)
-    if t is float:
-        if isinstance(v, str) and v.strip().lower() in (".inf", "+.inf"):
-            return math.inf  # YAML's spelling of infinity, also accepted on the command line
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isnan(v):
-            return float(v)
-        bad(key, v, "must be a number", error)
-    if t is str:
-        if isinstance(v, str):
-            return v
-        bad(key, v, "must be a string", error)
-    if t in (tuple, list) or origin in (tuple, list):
-        if isinstance(v, (list, tuple)):
-            return (tuple if (t is tuple or origin is tuple) else list)(v)
-        bad(key, v, "must be a list", error)
-    return v
-
-
 _FIELD_LINE = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+?)\s*$")
 
 
 def field_docs(cls) -> dict:
-    """{field: its one-line doc}: the trailing `# ...` comment of the field's line in the class source."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    try:
-        lines = inspect.getsource(cls).splitlines()
-    except (OSError, TypeError):
-        return {}
-    docs = {}
-    for line in lines:
-        m = _FIELD_LINE.match(line)
-        if m and m[1] in names and m[1] not in docs:
-            docs[m[1]] = m[2]
+    """{field: its one-line doc}: the trailing `# ...` comment of the field's line in the class source,
+    looked up the class's bases too (an Options class inherits its base's docs)."""
+    docs: dict = {}
+    for c in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):
+        try:
+            lines = inspect.getsource(c).splitlines()
+        except (OSError, TypeError):
+            continue
+        names, own = {f.name for f in dataclasses.fields(c)}, {}
+        for line in lines:
+            m = _FIELD_LINE.match(line)
+            if m and m[1] in names and m[1] not in own:
+                own[m[1]] = m[2]
+        docs.update(own)
     return docs

@@ -6,37 +6,37 @@ import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Annotated, Any, Literal, Optional, Union
 
-from common.config import bad as common_bad, build, check_choices, to_plain
+from common.config import Name, NonNegInt, PosInt, Range, bad as common_bad, build, check, to_plain
 
 from .errors import DataError
 from .sources import SOURCES
 
 @dataclass
 class DataConfig:
-    name: str                         # the corpus's name; the prepared dir is <root>/<name>[-<subset>]-<tokenizer>
-    tokenizer: str = "bytes"          # bytes (257 ids) | gpt2 (GPT-2 BPE)
-    root: Optional[str] = None        # prepared data root; null: $NANONORM_DATA, else data_cache
-    source: str = "pydocs"            # pydocs | hf | local | shards (existing llm.c .bin files in `path`)
+    name: Name                        # the corpus's name; the prepared dir is <root>/<name>[-<subset>]-<tokenizer>
+    tokenizer: Name = "bytes"         # bytes (257 ids) | gpt2 (GPT-2 BPE)
+    root: Optional[Name] = None       # prepared data root; null: $NANONORM_DATA, else data_cache
+    source: Name = "pydocs"           # pydocs | hf | local | shards (existing llm.c .bin files in `path`)
     path: Optional[str] = None        # hf: the dataset (datasets.load_dataset(path, name=subset, ...)); shards: their dir
     subset: Optional[str] = None      # hf: the dataset's config name
     revision: Optional[str] = None    # hf: pin a commit for reproducibility
-    split: str = "train"              # hf: the split read for training
+    split: Name = "train"             # hf: the split read for training
     val_split: Optional[str] = None   # the dataset's own validation split; null: hold out val_fraction
-    text_column: str = "text"         # jsonl/parquet/hf column holding the text (.txt files always use "text")
+    text_column: Name = "text"        # jsonl/parquet/hf column holding the text (.txt files always use "text")
     streaming: bool = False           # read lazily instead of materialising an Arrow copy first
     cache_dir: Optional[str] = None   # datasets cache (HF_DATASETS_CACHE if null)
     files: Union[str, list, None] = None      # local: glob or list of globs of .txt / .jsonl / .json / .parquet
     val_files: Union[str, list, None] = None  # local: own validation files; null: hold out val_fraction
     txt_sample_by: Literal["document", "paragraph", "line"] = "document"  # .txt: one document per file, per blank-line paragraph, or per line
-    val_fraction: float = 0.0005      # held-out fraction of DOCUMENTS (when there is no val split)
-    val_min_tokens: int = 8192        # held-out val is topped up to this many tokens from the corpus's end
-    split_seed: int = 1337            # seed of the document split
-    shard_size: int = 100_000_000     # tokens per shard (llm.c uses 100M)
-    max_docs: Optional[int] = None    # cap on documents read (quick runs); null = all
-    num_workers: Optional[int] = None  # tokenizer processes; null = all cores
-    batch_docs: int = 256             # documents per worker task
+    val_fraction: Annotated[float, Range(0, 1, "[)")] = 0.0005  # held-out fraction of DOCUMENTS (when there is no val split)
+    val_min_tokens: NonNegInt = 8192  # held-out val is topped up to this many tokens from the corpus's end
+    split_seed: NonNegInt = 1337      # seed of the document split
+    shard_size: PosInt = 100_000_000  # tokens per shard (llm.c uses 100M)
+    max_docs: Optional[PosInt] = None  # cap on documents read (quick runs); null = all
+    num_workers: Optional[PosInt] = None  # tokenizer processes; null = all cores
+    batch_docs: PosInt = 256          # documents per worker task
 
     # keys that change the prepared tokens: recorded in meta.json, compared on reuse
     CONTENT_KEYS = ("tokenizer", "source", "path", "subset", "revision", "split", "val_split", "text_column",
@@ -58,12 +58,8 @@ class DataConfig:
         def bad(key, why):
             common_bad(f"data.{key}", getattr(self, key), why, DataError)
 
-        strings = ("name", "tokenizer", "source", "split", "text_column", "txt_sample_by")
-        for key in strings + (("root",) if self.root is not None else ()):   # a null root: default_root()
-            if not isinstance(getattr(self, key), str) or not getattr(self, key):
-                bad(key, "must be a non-empty string")
+        check(self, "data", DataError)
         SOURCES[self.source]  # an unknown name raises one line listing the valid ones
-        check_choices(self, "data", DataError)
         for key in ("files", "val_files"):
             v = getattr(self, key)
             if isinstance(v, str):
@@ -76,18 +72,6 @@ class DataConfig:
             bad("path", "source=shards needs the directory holding existing *train_*.bin / *val_*.bin shards")
         if self.source == "local" and not self.files:
             bad("files", "source=local needs data.files (a glob or list of globs of .txt/.jsonl/.parquet)")
-        if not isinstance(self.val_fraction, (int, float)) or not 0 <= self.val_fraction < 1:
-            bad("val_fraction", "must be in [0, 1)")
-        for key, lo in (("shard_size", 1), ("batch_docs", 1), ("split_seed", 0), ("val_min_tokens", 0)):
-            v = getattr(self, key)
-            if not isinstance(v, int) or isinstance(v, bool) or v < lo:
-                bad(key, f"must be an integer >= {lo}")
-        for key in ("max_docs", "num_workers"):
-            v = getattr(self, key)
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
-                bad(key, "must be null or an integer >= 1")
-        if not isinstance(self.streaming, bool):
-            bad("streaming", "must be true or false")
 
     @property
     def out_dir(self) -> Path:

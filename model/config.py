@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal, Mapping, Optional
+from typing import Annotated, Any, Literal, Mapping, Optional
 
 from common import ConfigError
-from common.config import (bad, build, check_choices, defaults, own_options, parse, positive_int, to_plain, union_docs,
+from common.config import (Name, PosInt, Positive, Range, bad, build, check, defaults, own_options, to_plain,
                            union_keys)
 
 from .init import INITS
@@ -41,53 +41,35 @@ def norm_group_keys() -> dict:
 
 @dataclass
 class GPTConfig:
-    vocab_size: int = 50304              # token ids (Hydra: model.vocab_size, see ModelGroup)
-    block_size: int = 1024               # context length in tokens
-    n_layer: int = 12                    # transformer blocks
-    n_head: int = 12                     # attention heads (n_embd must divide by it)
-    n_embd: int = 768                    # residual stream width d
-    dropout: float = 0.0                 # dropout probability (attention, residual, embeddings)
+    vocab_size: PosInt = 50304           # token ids (Hydra: model.vocab_size, see ModelGroup)
+    block_size: PosInt = 1024            # context length in tokens
+    n_layer: PosInt = 12                 # transformer blocks
+    n_head: PosInt = 12                  # attention heads (n_embd must divide by it)
+    n_embd: PosInt = 768                 # residual stream width d
+    dropout: Annotated[float, Range(0, 1, "[)")] = 0.0  # dropout probability (attention, residual, embeddings)
     bias: bool = True                    # biases in linear layers and norms
     tie_embeddings: bool = True          # LM head shares the token embedding (GPT-2); false = separate head
     # --- architecture axes (Hydra group `arch` sets them together; docs/variants.md, "Architecture presets") ---
     pos_emb: Literal["learned", "rope"] = "learned"  # learned absolute positions (GPT-2), or rotary
-    rope_base: float = 10000.0           # RoPE frequency base
-    rope_fraction: float = 1.0           # fraction of each head's dimensions that RoPE rotates
+    rope_base: Annotated[float, Range(1, math.inf, "()")] = 10000.0  # RoPE frequency base
+    rope_fraction: Annotated[float, Range(0, 1, "(]")] = 1.0  # fraction of each head's dimensions that RoPE rotates
     mlp: Literal["gelu", "swiglu", "relu2"] = "gelu"  # gelu (GPT-2), swiglu (LLaMA), relu2 (modded-nanogpt)
-    mlp_hidden: Optional[int] = None     # null: 4d (gelu, relu2); 8d/3 rounded up to a multiple of 64 (swiglu)
+    mlp_hidden: Optional[PosInt] = None  # null: 4d (gelu, relu2); 8d/3 rounded up to a multiple of 64 (swiglu)
     qk_norm: bool = False                # RMSNorm (no gain) of q and k per head before attention
     attn_gate: Literal["none", "elementwise", "headwise"] = "none"  # sigmoid gate on attention's output before c_proj, from the sublayer input (Gated Attention, arXiv 2505.06708, G1): per element or per head
-    init: str = "nanogpt"                # weight init scheme: nanogpt (N(0, 0.02)) | fan_in (N(0, 1/fan_in)); model/init.py
-    embed_std: Optional[float] = None    # std of the token/position embeddings at init; null: the init scheme's
+    init: Name = "nanogpt"               # weight init scheme: nanogpt (N(0, 0.02)) | fan_in (N(0, 1/fan_in)); model/init.py
+    embed_std: Optional[Positive] = None  # std of the token/position embeddings at init; null: the init scheme's
     # --- normalization (Hydra group `norm`): the variant's name and its own options ---
     norm: Any = field(default_factory=NormOptions)  # a variant name, a mapping of norm.* keys or its Options
 
     def __post_init__(self) -> None:
         self.norm = norm_options({"name": self.norm} if isinstance(self.norm, str) else self.norm)
-        check_choices(self, "model")
-        for key in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            positive_int(f"model.{key}", getattr(self, key))
+        check(self, "model")
         if self.n_embd % self.n_head:
             bad("model.n_embd", self.n_embd, f"must be divisible by model.n_head={self.n_head}")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("model.dropout", self.dropout, "must be in [0, 1)")
-        for key, v in (("model.tie_embeddings", self.tie_embeddings), ("model.bias", self.bias),
-                       ("model.qk_norm", self.qk_norm)):
-            if not isinstance(v, bool):
-                bad(key, v, "must be true or false")
         INITS[self.init]  # an unknown scheme: one line listing the valid ones
-        if self.embed_std is not None and not (isinstance(self.embed_std, (int, float)) and not isinstance(self.embed_std, bool)
-                                               and 0 < self.embed_std < math.inf):
-            bad("model.embed_std", self.embed_std, "must be a finite number > 0, or null (the init scheme's)")
-        if not (isinstance(self.rope_base, (int, float)) and 1 < self.rope_base < math.inf):
-            bad("model.rope_base", self.rope_base, "must be a finite number > 1")
-        if not (isinstance(self.rope_fraction, (int, float)) and 0 < self.rope_fraction <= 1):
-            bad("model.rope_fraction", self.rope_fraction, "must be in (0, 1]")
         if self.pos_emb == "rope" and self.rope_dims < 2:
             bad("model.rope_fraction", self.rope_fraction, f"rotates no pair of the {self.head_dim} head dimensions")
-        if self.mlp_hidden is not None and (not isinstance(self.mlp_hidden, int) or isinstance(self.mlp_hidden, bool)
-                                            or self.mlp_hidden <= 0):
-            bad("model.mlp_hidden", self.mlp_hidden, "must be a positive integer or null (the MLP kind's default)")
 
     @property
     def head_dim(self) -> int:
@@ -125,8 +107,8 @@ class GPTConfig:
         take the defaults above. `vocab_size` is the tokenizer's (used when model.vocab_size is null)."""
         m = to_plain(model_cfg)
         group = build(ModelGroup, {k: m.pop(k) for k in MODEL_GROUP_KEYS if k in m}, "model")
-        kw = parse(cls, m, "model", keys=MODEL_KEYS, also_valid=MODEL_GROUP_KEYS)
-        return cls(vocab_size=group.vocab(vocab_size), norm=norm_options(norm_cfg), **kw)
+        return build(cls, m, "model", keys=MODEL_KEYS, also_valid=MODEL_GROUP_KEYS, vocab_size=group.vocab(vocab_size),
+                     norm=norm_options(norm_cfg))
 
 
 # Checkpoints written before the variants owned their options stored every norm key as a flat field.
@@ -151,17 +133,18 @@ def _from_flat(d: dict) -> dict:
 @dataclass
 class ModelGroup:
     """The `model.*` keys that are not GPTConfig fields as they are: labels and the vocabulary rule."""
-    name: str = "custom"                 # label of the model shape, used in run names (configs/model/<name>.yaml)
-    arch: str = "gpt2"                   # label of the architecture preset (configs/arch/<name>.yaml sets it)
-    vocab_size: Optional[int] = None     # null: the tokenizer's vocabulary, padded up to a multiple of pad_vocab_to
-    pad_vocab_to: int = 64               # GPT-2's 50257 -> 50304, as nanoGPT does, for fast matmuls
+    name: Name = "custom"                # label of the model shape, used in run names (configs/model/<name>.yaml)
+    arch: Name = "gpt2"                  # label of the architecture preset (configs/arch/<name>.yaml sets it)
+    vocab_size: Optional[PosInt] = None  # null: the tokenizer's vocabulary, padded up to a multiple of pad_vocab_to
+    pad_vocab_to: PosInt = 64            # GPT-2's 50257 -> 50304, as nanoGPT does, for fast matmuls
+
+    def __post_init__(self) -> None:
+        check(self, "model")
 
     def vocab(self, tokenizer_vocab: Optional[int]) -> int:
         if self.vocab_size is None:
             if tokenizer_vocab is None:
                 raise ConfigError("model.vocab_size is null and no tokenizer vocabulary size was given")
-            if self.pad_vocab_to < 1:
-                bad("model.pad_vocab_to", self.pad_vocab_to, "must be a positive integer")
             return -(-int(tokenizer_vocab) // self.pad_vocab_to) * self.pad_vocab_to
         if tokenizer_vocab is not None and self.vocab_size < tokenizer_vocab:
             bad("model.vocab_size", self.vocab_size, f"smaller than the tokenizer's {tokenizer_vocab}")
@@ -182,8 +165,3 @@ def norm_group_defaults() -> dict:
     """The `norm` group's keys (every registered variant's options) and defaults (its Hydra schema): all
     null but the name, since each variant has its own defaults (filled in by `norm_options`)."""
     return {k: (NormOptions.name if k == "name" else None) for k in norm_group_keys()}
-
-
-def norm_group_docs() -> dict:
-    """{key: its one-line doc} for `--help`, from the class that declares it."""
-    return union_docs(norm_group_keys())

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Literal, Optional, Type
+from typing import TYPE_CHECKING, Annotated, Any, Callable, ClassVar, Dict, Literal, Optional, Type
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from common import Registry
-from common.config import bad, check_choices, positive_int
+from common.config import Finite, NonNeg, PosInt, Positive, Range, bad, check
 
 from .decay import DECAYS, decay_factor
 from .norms import INPUT_STEPS, NORM_KINDS, DyT, make_input_step, make_norm
@@ -44,31 +44,20 @@ def get_variant(name: str) -> Type["Variant"]:
 Sublayer = Callable[[torch.Tensor], torch.Tensor]
 
 
-def _is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 @dataclass
 class NormOptions:
     """The `norm.*` keys every variant reads (its Norms, input and output step)."""
     name: str = "pre_ln"              # the variant: a name registered in model/variants.py
     kind: str = "layernorm"           # layernorm | rmsnorm | derf (every Norm of the variant)
-    eps: float = 1e-5                 # epsilon of every Norm
+    eps: NonNeg = 1e-5                # epsilon of every Norm
     embed_norm: str = "none"          # input step: none | layer | scalenorm | unit | scaled
     final_norm: bool = True           # output Norm before the LM head
     learn_radius: bool = True         # input step scalenorm: its radius g learnable (false: fixed at 1)
-    derf_alpha: float = 1.0           # norm.kind=derf: Derf's initial alpha (1: its paper's language-model setting)
+    derf_alpha: Positive = 1.0        # norm.kind=derf: Derf's initial alpha (1: its paper's language-model setting)
 
     def __post_init__(self) -> None:
-        check_choices(self, "norm")
+        check(self, "norm")  # every field of the variant's Options, its own included
         NORM_KINDS[self.kind], INPUT_STEPS[self.embed_norm]  # unknown names: one line listing the valid ones
-        if not (_is_number(self.eps) and self.eps >= 0):
-            bad("norm.eps", self.eps, "must be >= 0")
-        if not (_is_number(self.derf_alpha) and 0 < self.derf_alpha < math.inf):
-            bad("norm.derf_alpha", self.derf_alpha, "must be a finite number > 0")
-        for key in ("final_norm", "learn_radius"):
-            if not isinstance(getattr(self, key), bool):
-                bad(f"norm.{key}", getattr(self, key), "must be true or false")
 
     def unread(self, given) -> dict:
         """Of the keys set (`given`) away from their defaults, those this configuration does not read, each
@@ -277,14 +266,8 @@ class PreDyT(Variant):
 
     @dataclass
     class Options(NormOptions):
-        alpha_attn: float = 0.5       # DyT alpha at init, attention sublayers
-        alpha_other: float = 0.5      # DyT alpha at init, other Norms
-
-        def __post_init__(self):
-            super().__post_init__()
-            for key in ("alpha_attn", "alpha_other"):
-                if not (_is_number(getattr(self, key)) and math.isfinite(getattr(self, key))):
-                    bad(f"norm.{key}", getattr(self, key), "must be a finite number")
+        alpha_attn: Finite = 0.5      # DyT alpha at init, attention sublayers
+        alpha_other: Finite = 0.5     # DyT alpha at init, other Norms
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -309,8 +292,7 @@ class SphereOptions(NormOptions):
     def __post_init__(self):
         super().__post_init__()
         DECAYS[self.decay]
-        if self.target_angle is not None and not (_is_number(self.target_angle)
-                                                  and 0 < self.target_angle < self.angle_bound()):
+        if self.target_angle is not None and not 0 < self.target_angle < self.angle_bound():
             bad("norm.target_angle", self.target_angle, f"must be a number in (0, {self.angle_bound():.4g}) rad "
                 "(the rule's bound), or null")
 
@@ -409,19 +391,12 @@ class GeoNorm(_SphereVariant):
     @dataclass
     class Options(SphereOptions):
         decay: str = "harmonic"       # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
-        clamp: float = math.pi / 4    # angle clamp c (pi/4)
-        a_init: float = 1.0           # a at init
+        clamp: Annotated[float, Range(0, math.pi, "(]")] = math.pi / 4  # angle clamp c (pi/4)
+        a_init: Finite = 1.0          # a at init
         # Attention and the MLP read Norm(h): GeoNorm's stream keeps the embedding's radius, so the raw h
         # (the other choice, `raw`) makes its first attention logits ~1e-3 of Pre-LN's (our choice; the
         # paper does not say what its sublayers read; docs/step_scale_study.md).
         sublayer_input: Literal["raw", "norm"] = "norm"
-
-        def __post_init__(self):
-            if not (_is_number(self.clamp) and 0 < self.clamp <= math.pi):
-                bad("norm.clamp", self.clamp, "must be in (0, pi]")
-            if not (_is_number(self.a_init) and math.isfinite(self.a_init)):
-                bad("norm.a_init", self.a_init, "must be a finite number")
-            super().__post_init__()
 
         def angle_bound(self):
             return self.clamp
@@ -471,16 +446,14 @@ class SpheretNorm(_SphereVariant):
         decay: str = "sqrt"           # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
         embed_norm: str = "scalenorm" # input step: none | layer | scalenorm | unit
         p: float = 1.0                # p of the retraction (> 0; .inf = the exponential map)
-        alpha_init: float = 1.0       # softplus(rho) at init
+        alpha_init: Positive = 1.0    # softplus(rho) at init
 
         def __post_init__(self):
-            fixed = self.fixed_p
-            if not (_is_number(self.p) and self.p > 0):  # also rejects NaN
+            check(self, "norm")  # the type of p, before its value is read
+            if not self.p > 0:
                 bad("norm.p", self.p, "must be a number > 0 (.inf in YAML for the exponential map)")
-            if fixed is not None and self.p != fixed:
-                bad("norm.p", self.p, f"norm.name={self.name} means p={fixed:g}; use norm=spheret to choose p")
-            if not (_is_number(self.alpha_init) and 0 < self.alpha_init < math.inf):
-                bad("norm.alpha_init", self.alpha_init, "must be a finite number > 0 (softplus(rho) at init)")
+            if self.fixed_p is not None and self.p != self.fixed_p:
+                bad("norm.p", self.p, f"norm.name={self.name} means p={self.fixed_p:g}; use norm=spheret to choose p")
             super().__post_init__()
 
         def angle_bound(self):
@@ -713,12 +686,7 @@ class OrthoPreLN(Variant):
 
     @dataclass
     class Options(NormOptions):
-        ortho_eps: float = 1e-6           # eps in <s,h>/(||h||^2 + eps) (the paper's code: 1e-6)
-
-        def __post_init__(self):
-            super().__post_init__()
-            if not (_is_number(self.ortho_eps) and self.ortho_eps >= 0):
-                bad("norm.ortho_eps", self.ortho_eps, "must be a number >= 0")
+        ortho_eps: NonNeg = 1e-6          # eps in <s,h>/(||h||^2 + eps) (the paper's code: 1e-6)
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -753,11 +721,6 @@ class HybridNorm(Variant):
     class Options(NormOptions):
         star: bool = False                # HybridNorm*: the first block Pre-Norm (the paper's variant)
 
-        def __post_init__(self):
-            super().__post_init__()
-            if not isinstance(self.star, bool):
-                bad("norm.star", self.star, "must be true or false")
-
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         self.pre = cfg.norm.star and self.k == 1
@@ -776,14 +739,8 @@ class HybridNorm(Variant):
 
 @dataclass
 class StreamOptions(NormOptions):
-    streams: int = 4                  # n: copies of the residual stream (the expansion rate; the papers' 4)
+    streams: PosInt = 4               # n: copies of the residual stream (the expansion rate; the papers' 4)
     dynamic: bool = False             # coefficients also computed from the stream (the papers' dynamic form)
-
-    def __post_init__(self):
-        super().__post_init__()
-        positive_int("norm.streams", self.streams)
-        if not isinstance(self.dynamic, bool):
-            bad("norm.dynamic", self.dynamic, "must be true or false")
 
 
 class _WideStream(Variant):
@@ -889,11 +846,7 @@ def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
 
 @dataclass
 class ManifoldStreamOptions(StreamOptions):
-    sinkhorn_iters: int = 20          # Sinkhorn-Knopp iterations of H_res (the paper's t_max)
-
-    def __post_init__(self):
-        super().__post_init__()
-        positive_int("norm.sinkhorn_iters", self.sinkhorn_iters)
+    sinkhorn_iters: PosInt = 20       # Sinkhorn-Knopp iterations of H_res (the paper's t_max)
 
 
 @register("mhc")

@@ -228,3 +228,34 @@ def test_every_group_is_validated_when_built():
         TrainConfig(max_steps=0)
     with pytest.raises(ConfigError, match=r"^bad config logging.spike_k=0: must be > 0$"):
         LoggingConfig(spike_k=0)
+
+
+def test_a_fields_annotation_is_its_check():
+    """Type, Range, Literal and non-empty come from the annotation alone, also when a dataclass is built
+    directly; numbers are normalised (int -> float, YAML's .inf), the error shows the value as given."""
+    import math
+    from dataclasses import dataclass
+    from typing import Annotated, Literal, Optional
+
+    from common.config import Name, PosInt, Range, check
+
+    @dataclass(frozen=True)
+    class Toy:
+        n: PosInt = 1
+        frac: Annotated[float, Range(0, 1, "[)")] = 0.5
+        cap: Optional[Annotated[float, Range(0, math.inf, "(]")]] = None
+        mode: Literal["a", "b"] = "a"
+        label: Name = "x"
+        dims: tuple = ()
+
+        def __post_init__(self):
+            check(self, "toy")
+
+    t = Toy(frac=0, cap=".inf", dims=[1, 2])
+    assert (t.frac, type(t.frac), t.cap, t.dims) == (0.0, float, math.inf, (1, 2))
+    for kw, msg in (({"n": 0}, "toy.n=0: must be a positive integer"), ({"n": 2.0}, "toy.n=2.0: must be an integer"),
+                    ({"frac": 1}, r"toy.frac=1: must be in \[0, 1\)"), ({"cap": 0}, "toy.cap=0: must be > 0 or null"),
+                    ({"mode": "c"}, "toy.mode='c': valid: a, b"), ({"label": ""}, "toy.label='': must be a non-empty"),
+                    ({"n": None}, "toy.n=None: must not be null"), ({"dims": 3}, "toy.dims=3: must be a list")):
+        with pytest.raises(ConfigError, match=rf"^bad config {msg}"):
+            Toy(**kw)

@@ -1,19 +1,18 @@
 """Typed train/optim/logging config groups, validated once at start-up.
 
-Each group is a frozen dataclass holding its defaults and their one-line docs (the only place they are
-written; configs/train, configs/optim and configs/logging hold what differs). common.config.build makes
-the objects; a bad value raises ConfigError with one line naming the key and what is valid (the same
-error type the model config uses, so train.py reports both alike).
+Each group is a frozen dataclass holding its defaults, their one-line docs and valid values (the only
+place they are written; configs/train, configs/optim and configs/logging hold what differs); a bad value
+raises ConfigError with one line naming the key and what is valid (common/config.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 from omegaconf import DictConfig
 
 from common import ConfigError
-from common.config import bad as _bad, build, check_choices, positive_int as _positive
+from common.config import PosInt, Range, bad as _bad, build, check
 
 from .optim import GroupConfig, GroupsConfig, OptimConfig, optim_config  # noqa: F401  (re-exported)
 
@@ -24,42 +23,31 @@ __all__ = ["ConfigError", "TrainConfig", "OptimConfig", "LoggingConfig", "WandbC
 @dataclass(frozen=True)
 class TrainConfig:
     seed: int = 1337                      # set once; rank r uses a seed derived from (seed, r)
-    max_steps: int = 600                  # optimizer steps in the whole run (the LR schedule spans them)
-    batch_tokens: int = 8192              # global batch in tokens (grad accumulation makes up the rest)
-    micro_batch_size: int = 16            # sequences per rank per forward/backward
+    max_steps: PosInt = 600               # optimizer steps in the whole run (the LR schedule spans them)
+    batch_tokens: PosInt = 8192           # global batch in tokens (grad accumulation makes up the rest)
+    micro_batch_size: PosInt = 16         # sequences per rank per forward/backward
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda if available
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on CUDA when supported, else fp32; fp16 with a GradScaler
     compile: Literal["auto", True, False] = "auto"  # torch.compile (auto: on for CUDA)
     deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise resume on CPU)
-    threads: Optional[int] = None         # CPU threads for torch (null: all cores); several CPU jobs at once: 1 each
-    eval_interval: int = 100              # steps between validation passes (also at step 0 and at the end)
-    eval_tokens: int = 65536              # fixed validation token budget, split over ranks
-    eval_batch_size: Optional[int] = None  # null = micro_batch_size
-    ckpt_interval: int = 200              # steps between checkpoints (also at the end and on SIGTERM/SIGUSR1)
-    keep_last: int = 3                    # checkpoints kept
+    threads: Optional[PosInt] = None      # CPU threads for torch (null: all cores); several CPU jobs at once: 1 each
+    eval_interval: PosInt = 100           # steps between validation passes (also at step 0 and at the end)
+    eval_tokens: PosInt = 65536           # fixed validation token budget, split over ranks
+    eval_batch_size: Optional[PosInt] = None  # null = micro_batch_size
+    ckpt_interval: PosInt = 200           # steps between checkpoints (also at the end and on SIGTERM/SIGUSR1)
+    keep_last: PosInt = 3                 # checkpoints kept
     resume: str = "none"                  # none | auto (newest checkpoint in the run dir) | path to a ckpt_*.pt
     resume_force: bool = False            # resume though train.seed, batch_tokens or data.* changed
     overwrite: bool = False               # start fresh in a run dir holding a run (deletes its checkpoints/metrics)
-    stop_at: Optional[int] = None         # stop (with a checkpoint) after this step, as if pre-empted
-    max_skipped: int = 20                 # stop after this many consecutive non-finite (skipped) steps (checked at logging steps)
+    stop_at: Optional[PosInt] = None      # stop (with a checkpoint) after this step, as if pre-empted
+    max_skipped: PosInt = 20              # stop after this many consecutive non-finite (skipped) steps (checked at logging steps)
     overfit_batch: bool = False           # train on one fixed batch (debugging, and the per-variant test)
-    inject_nan_at: Optional[int] = None   # debugging: the loss is NaN from this step on (the non-finite guard; trainer/faults.py)
-    inject_nan_steps: int = 1             # ... for this many consecutive steps
+    inject_nan_at: Optional[PosInt] = None  # debugging: the loss is NaN from this step on (the non-finite guard; trainer/faults.py)
+    inject_nan_steps: PosInt = 1          # ... for this many consecutive steps
 
     def __post_init__(self) -> None:
-        check_choices(self, "train")
-        for k in ("max_steps", "batch_tokens", "micro_batch_size", "eval_interval", "eval_tokens",
-                  "ckpt_interval", "keep_last", "max_skipped", "inject_nan_steps"):
-            _positive(f"train.{k}", getattr(self, k))
-        if self.threads is not None:
-            _positive("train.threads", self.threads)
-        if self.eval_batch_size is not None:
-            _positive("train.eval_batch_size", self.eval_batch_size)
-        if self.stop_at is not None:
-            _positive("train.stop_at", self.stop_at)
-        if self.inject_nan_at is not None:
-            _positive("train.inject_nan_at", self.inject_nan_at)
-        if not isinstance(self.resume, str) or not self.resume:
+        check(self, "train")
+        if not self.resume:
             _bad("train.resume", self.resume, "none | auto | path to a ckpt_*.pt")
 
 
@@ -72,25 +60,19 @@ class WandbConfig:
     name: Optional[str] = None            # null = run_name
     tags: tuple = ()                      # wandb tags
 
-    def __post_init__(self) -> None:
-        check_choices(self, "logging.wandb")
-
 
 @dataclass(frozen=True)
 class LoggingConfig:
-    log_interval: int = 10                # steps between train records (the only per-step host sync)
-    stats_interval: int = 100             # steps between stats records (residual RMS, grad norms, sphere stats)
-    spike_window: int = 50                # spike detector: window of previous per-step values
-    spike_k: float = 6.0                  # a spike = value > mean + k * std of the window
+    log_interval: PosInt = 10             # steps between train records (the only per-step host sync)
+    stats_interval: PosInt = 100          # steps between stats records (residual RMS, grad norms, sphere stats)
+    spike_window: PosInt = 50             # spike detector: window of previous per-step values
+    spike_k: Annotated[float, Range(0, float("inf"), "(]")] = 6.0  # a spike = value > mean + k * std of the window
     spike_min_history: int = 20           # no detection until the window holds this many values
     console: bool = True                  # print progress on rank 0
     wandb: WandbConfig = field(default_factory=WandbConfig)  # wandb sink (metrics.jsonl is always written)
 
     def __post_init__(self) -> None:
-        for k in ("log_interval", "stats_interval", "spike_window"):
-            _positive(f"logging.{k}", getattr(self, k))
-        if not (self.spike_k > 0):
-            _bad("logging.spike_k", self.spike_k, "must be > 0")
+        check(self, "logging")  # and logging.wandb.*
         if not (2 <= self.spike_min_history <= self.spike_window):
             _bad("logging.spike_min_history", self.spike_min_history,
                  f"must be in [2, logging.spike_window={self.spike_window}]")

@@ -14,12 +14,13 @@ import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional
 
 import torch
 
 from common import ConfigError, Registry
-from common.config import bad, check_choices, defaults, own_options, positive_int, set_values, to_plain, union_keys
+from common.config import (NonNeg, NonNegInt, PosInt, Positive, Range, bad, check, defaults, own_options, set_values,
+                           to_plain, union_keys)
 
 from .schedules import SCHEDULES, LRSchedule, ScheduleOptions  # noqa: F401  (LRSchedule re-exported: the loop builds it here)
 
@@ -29,14 +30,8 @@ OPTIMIZERS = Registry("optim.name")
 @dataclass(frozen=True)
 class GroupConfig:
     """One optimizer parameter group: lr = the schedule's lr x lr_mult; weight_decay null = optim.weight_decay."""
-    lr_mult: float = 1.0                  # lr = the schedule's lr x lr_mult
-    weight_decay: Optional[float] = None  # null = optim.weight_decay
-
-    def check(self, key: str) -> None:
-        if not (0 < self.lr_mult < math.inf):
-            bad(f"{key}.lr_mult", self.lr_mult, "must be a finite number > 0")
-        if self.weight_decay is not None and not (self.weight_decay >= 0):
-            bad(f"{key}.weight_decay", self.weight_decay, "must be >= 0 (or null: optim.weight_decay)")
+    lr_mult: Positive = 1.0               # lr = the schedule's lr x lr_mult
+    weight_decay: Optional[NonNeg] = None  # null = optim.weight_decay
 
 
 @dataclass(frozen=True)
@@ -52,10 +47,6 @@ class GroupsConfig:
     def names() -> tuple:
         return tuple(f.name for f in dataclasses.fields(GroupsConfig))
 
-    def __post_init__(self) -> None:  # each group's check names its full key
-        for name in self.names():
-            getattr(self, name).check(f"optim.groups.{name}")
-
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -63,25 +54,18 @@ class OptimConfig:
     its own keys; `schedule` is the LR schedule's Options (its name on the command line, `optim.schedule`,
     its keys beside the others: `optim.decay_frac`). `optim_config` builds the pair from the group."""
     name: str = "adamw"                   # the optimizer: adamw | muon (Muon for the matrices group, AdamW for the rest)
-    lr: float = 1e-3                      # peak learning rate of the schedule
-    min_lr: float = 1e-4                  # floor: cosine decays to it, wsd's final decay ends at it
-    weight_decay: float = 0.1             # decoupled weight decay (groups with weight_decay null)
-    grad_clip: float = 1.0                # max global grad norm; 0 = no clipping (the norm is still logged)
+    lr: Annotated[float, Range(0, math.inf, "(]")] = 1e-3  # peak learning rate of the schedule
+    min_lr: NonNeg = 1e-4                 # floor: cosine decays to it, wsd's final decay ends at it
+    weight_decay: NonNeg = 0.1            # decoupled weight decay (groups with weight_decay null)
+    grad_clip: NonNeg = 1.0               # max global grad norm; 0 = no clipping (the norm is still logged)
     schedule: Any = field(default_factory=lambda: SCHEDULES[ScheduleOptions.name].Options())  # the LR schedule (trainer/schedules.py): cosine | wsd | constant
-    warmup_steps: int = 50                # linear warmup (all schedules)
+    warmup_steps: NonNegInt = 50          # linear warmup (all schedules)
     groups: GroupsConfig = field(default_factory=GroupsConfig)  # per parameter group: lr = schedule x lr_mult
 
     def __post_init__(self) -> None:
-        if not (self.lr > 0):
-            bad("optim.lr", self.lr, "must be > 0")
-        if not (0 <= self.min_lr <= self.lr):
+        check(self, "optim")  # and optim.groups.*
+        if self.min_lr > self.lr:
             bad("optim.min_lr", self.min_lr, f"must be in [0, optim.lr={self.lr}]")
-        if not (self.weight_decay >= 0):
-            bad("optim.weight_decay", self.weight_decay, "must be >= 0")
-        if not (self.grad_clip >= 0):
-            bad("optim.grad_clip", self.grad_clip, "must be >= 0 (0 = no clipping)")
-        if self.warmup_steps < 0:
-            bad("optim.warmup_steps", self.warmup_steps, "must be >= 0")
 
 
 def optim_config(node: Any = None) -> OptimConfig:
@@ -223,16 +207,13 @@ class AdamW:
     @dataclass(frozen=True)
     class Options(OptimConfig):
         betas: tuple = (0.9, 0.95)            # AdamW betas
-        eps: float = 1e-8                     # AdamW epsilon
+        eps: Positive = 1e-8                  # AdamW epsilon
         fused: Literal["auto", True, False] = "auto"  # auto: fused where supported; false: for-loop AdamW (slower)
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            check_choices(self, "optim")
-            if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
                 bad("optim.betas", list(self.betas), "must be two numbers in [0, 1)")
-            if not (self.eps > 0):
-                bad("optim.eps", self.eps, "must be > 0")
 
     @staticmethod
     def build(model: torch.nn.Module, ocfg: Options, device: torch.device) -> Optimizer:
@@ -243,17 +224,10 @@ class AdamW:
 @dataclass(frozen=True)
 class MuonSettings:
     """optim=muon: torch.optim.Muon's settings for the matrices group (lr x the schedule's shape)."""
-    lr: float = 0.05                      # Muon lr; optim.groups.matrices.lr_mult multiplies it
-    momentum: float = 0.95                # Muon momentum
+    lr: Positive = 0.05                   # Muon lr; optim.groups.matrices.lr_mult multiplies it
+    momentum: Annotated[float, Range(0, 1, "[)")] = 0.95  # Muon momentum
     nesterov: bool = True                 # Nesterov momentum
-    ns_steps: int = 5                     # Newton-Schulz iterations
-
-    def __post_init__(self) -> None:
-        if not (0 < self.lr < math.inf):
-            bad("optim.muon.lr", self.lr, "must be a finite number > 0")
-        if not (0 <= self.momentum < 1):
-            bad("optim.muon.momentum", self.momentum, "must be in [0, 1)")
-        positive_int("optim.muon.ns_steps", self.ns_steps)
+    ns_steps: PosInt = 5                  # Newton-Schulz iterations
 
 
 @OPTIMIZERS.register("muon")

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import torch
 
 from common import Registry
-from common.config import bad
+from common.config import Range, check
 
 if TYPE_CHECKING:
     from .config import OptimConfig
@@ -43,6 +43,9 @@ class _Ops:
 class ScheduleOptions:
     """A schedule's own `optim.*` keys (`optim.schedule` is its name); subclasses add fields."""
     name: str = "cosine"                  # the schedule (`optim.schedule` on the command line)
+
+    def __post_init__(self) -> None:
+        check(self, "optim")
 
 
 class Schedule:
@@ -77,11 +80,7 @@ class WarmupStableDecay(Schedule):
 
     @dataclass(frozen=True)
     class Options(ScheduleOptions):
-        decay_frac: float = 0.2           # the last fraction of train.max_steps decays linearly to min_lr
-
-        def __post_init__(self):
-            if not (0 < self.decay_frac <= 1):
-                bad("optim.decay_frac", self.decay_frac, "must be in (0, 1]")
+        decay_frac: Annotated[float, Range(0, 1, "(]")] = 0.2  # the last fraction of train.max_steps decays linearly to min_lr
 
     def main(self, u, ops):
         start = self.max_steps - max(1, round(self.options.decay_frac * self.max_steps))
