@@ -1,8 +1,10 @@
 """`python train.py --help`: the config groups and every option with its default and one-line doc.
 
 The defaults are those of the composed default config (the dataclasses, then each group's default
-file); the docs are the trailing comments of the dataclass fields (the single place both are written),
-so the help cannot drift from what a run uses. Hydra's own help is `--hydra-help`.
+file); the docs are the trailing comments of the dataclass fields and the choices their `Literal`s (the
+single place each is written), so the help cannot drift from what a run uses. In the `norm` and `optim`
+groups, whose components read their own keys, a key the default component does not read shows the
+default of the first that does, and names the components that read it. Hydra's own help: --hydra-help.
 """
 from __future__ import annotations
 
@@ -12,68 +14,48 @@ import typing
 from pathlib import Path
 
 
-def _docs(cls, prefix: str, keys: dict | None = None) -> dict:
-    """{dotted key: doc} of a dataclass, nested dataclasses included; `keys` maps keys to the class that
-    reads them where a group's components each read their own (`norm`, `optim`)."""
+def _docs(prefix: str, owners: dict) -> dict:
+    """{dotted key: '{choices} doc'} for {key: the dataclass reading it}, nested dataclasses included."""
     from common.config import field_docs, literal_choices, show_value
 
     out = {}
-    for key, owner in (keys or {f.name: cls for f in dataclasses.fields(cls)}).items():
-        c = next((c for c in owner.__mro__ if dataclasses.is_dataclass(c) and key in field_docs(c)), owner)
-        t = typing.get_type_hints(owner).get(key)
-        choices = literal_choices(t)  # generated from the annotation, the one place they are written
+    for key, cls in owners.items():
+        t = typing.get_type_hints(cls).get(key)
+        choices = literal_choices(t)
         out[f"{prefix}.{key}"] = (f"{{{' | '.join(map(show_value, choices))}}} " if choices else "") + \
-            field_docs(c).get(key, "")
+            field_docs(cls).get(key, "")
         if dataclasses.is_dataclass(t):
-            out.update(_docs(t, f"{prefix}.{key}"))
+            out.update(_docs(f"{prefix}.{key}", {f.name: t for f in dataclasses.fields(t)}))
     return out
 
 
-def _all_docs() -> dict:
-    from data.config import DataConfig
-    from model.config import MODEL_KEYS, GPTConfig, ModelGroup, norm_group_keys
-
-    from .config import LoggingConfig, TrainConfig
-    from .optim import optim_group_keys
-
-    return {**_docs(GPTConfig, "model", {k: GPTConfig for k in MODEL_KEYS}), **_docs(ModelGroup, "model"),
-            **_docs(None, "norm", norm_group_keys()), **_docs(DataConfig, "data"), **_docs(TrainConfig, "train"),
-            **_docs(None, "optim", optim_group_keys()), **_docs(LoggingConfig, "logging")}
-
-
-def _optim_flat(o) -> dict:
-    d = dataclasses.asdict(o)
-    sched = d.pop("schedule")
-    return {**d, **sched, "schedule": sched["name"], "name": d["name"]}
-
-
-def _shown(group: str, node: dict) -> tuple[dict, dict]:
-    """A group whose components read their own keys (`norm`, `optim`) as its default components resolve
-    it; a key they do not read shows the default of the first component that does, and its doc names
-    the components that read it."""
+def _components(group: str):
+    """(resolve: the group's node -> its resolved values, {component: (its key, its Options)})."""
     if group == "norm":
         from model.config import norm_options
-        from model.variants import VARIANTS, get_variant
+        from model.variants import VARIANTS
 
-        resolve = lambda n: dataclasses.asdict(norm_options(n))  # noqa: E731
-        choices = {n: ("name", get_variant(n).Options) for n in VARIANTS}
-    else:
-        from .optim import OPTIMIZERS, optim_config
-        from .schedules import SCHEDULES
+        return (lambda n: dataclasses.asdict(norm_options(n))), {n: ("name", v.Options) for n, v in VARIANTS.items()}
+    from .optim import OPTIMIZERS, optim_config
+    from .schedules import SCHEDULES
 
-        resolve = lambda n: _optim_flat(optim_config(n))  # noqa: E731
-        choices = {**{n: ("name", o.Options) for n, o in OPTIMIZERS.items()},
-                   **{n: ("schedule", s.Options) for n, s in SCHEDULES.items()}}
-    opts = resolve(node)
-    shown, readers = {}, {}
+    def resolve(n):
+        d = dataclasses.asdict(optim_config(n))
+        return {**d, **d["schedule"], "schedule": d["schedule"]["name"], "name": d["name"]}
+    return resolve, {**{n: ("name", o.Options) for n, o in OPTIMIZERS.items()},
+                     **{n: ("schedule", s.Options) for n, s in SCHEDULES.items()}}
+
+
+def _shown(group: str, node: dict, readers: dict) -> dict:
+    resolve, components = _components(group)
+    values, shown = resolve(node), {}
     for k in node:
-        if k in opts:
-            shown[k] = opts[k]
-            continue
-        names = [n for n, (_, cls) in choices.items() if k in {f.name for f in dataclasses.fields(cls)}]
-        shown[k] = resolve({choices[names[0]][0]: names[0]})[k]
-        readers[f"{group}.{k}"] = f"[{', '.join(names)}] "
-    return shown, readers
+        if k not in values:  # read by other components only: the first one's default, and who reads it
+            names = [n for n, (_, cls) in components.items() if k in {f.name for f in dataclasses.fields(cls)}]
+            values[k] = resolve({components[names[0]][0]: names[0]})[k]
+            readers[f"{group}.{k}"] = f"[{', '.join(names)}] "
+        shown[k] = values[k]
+    return shown
 
 
 def _flat(node, prefix: str) -> list[tuple[str, object]]:
@@ -83,17 +65,17 @@ def _flat(node, prefix: str) -> list[tuple[str, object]]:
     return out
 
 
-def _show(v) -> str:
-    from common.config import show_value
-
-    return show_value(list(v) if isinstance(v, tuple) else v)
-
-
 def config_help(config_dir: Path) -> str:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    from common.config import show_value
+    from data.config import DataConfig
+    from model.config import MODEL_KEYS, GPTConfig, ModelGroup, norm_group_keys
+
+    from .config import LoggingConfig, TrainConfig
     from .config_store import register_code_configs
+    from .optim import optim_group_keys
 
     config_dir = Path(config_dir)
     top = (config_dir / "config.yaml").read_text()
@@ -101,6 +83,13 @@ def config_help(config_dir: Path) -> str:
     register_code_configs(config_dir)
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
         cfg = OmegaConf.to_container(compose("config"), resolve=False)
+    fields = lambda cls: {f.name: cls for f in dataclasses.fields(cls)}  # noqa: E731
+    docs = {**_docs("model", {**{k: GPTConfig for k in MODEL_KEYS}, **fields(ModelGroup)}),
+            **_docs("norm", norm_group_keys()), **_docs("data", fields(DataConfig)),
+            **_docs("train", fields(TrainConfig)), **_docs("optim", optim_group_keys()),
+            **_docs("logging", fields(LoggingConfig))}
+    readers: dict = {}
+    cfg["norm"], cfg["optim"] = _shown("norm", cfg["norm"], readers), _shown("optim", cfg["optim"], readers)
     lines = ["usage: python train.py [group=option ...] [key=value ...]",
              "       torchrun --nproc_per_node=N train.py ...    (DDP; see README)",
              "",
@@ -110,19 +99,14 @@ def config_help(config_dir: Path) -> str:
              "Config groups (default in brackets):"]
     for group in sorted(defaults):
         choices = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
-        if not choices:
-            continue
-        default = defaults[group]
-        shown = ", ".join(f"[{c}]" if c == default else c for c in choices)
-        lines.append(f"  {group + '=':<12} {shown}")
-    docs = _all_docs()
+        if choices:
+            shown = ", ".join(f"[{c}]" if c == defaults[group] else c for c in choices)
+            lines.append(f"  {group + '=':<12} {shown}")
     lines += ["", "Options (key=default  doc), as the default groups compose them:"]
-    (cfg["norm"], readers), (cfg["optim"], optim_readers) = _shown("norm", cfg["norm"]), _shown("optim", cfg["optim"])
-    readers.update(optim_readers)
     for group in ("train", "optim", "logging", "model", "norm", "data"):
         lines += ["", f"{group}.*  (defaults: {group}={defaults.get(group, '')})"]
         for key, value in _flat(cfg[group], group):
-            left = f"  {key}={_show(value)}"
+            left = f"  {key}={show_value(list(value) if isinstance(value, tuple) else value)}"
             reader = next((r for k, r in readers.items() if key == k or key.startswith(k + ".")), "")
             lines.append(f"{left:<40} {reader}{docs.get(key, '')}".rstrip())
     lines += ["", "Top level (where the run goes):"]
