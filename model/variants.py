@@ -11,7 +11,8 @@ Each variant owns its `norm.*` keys: `Options`, a dataclass on the class that ex
 may change a parent's default: Post-LN has no output Norm). `GPTConfig.norm` is an instance of the
 chosen variant's `Options`, so `cfg.norm.clamp` exists exactly for the variants that read it, and a key
 the variant does not read is an error naming the keys it does (model/config.py builds it). A new option
-is one field with its doc line; checks of its value go in that class's `__post_init__`.
+is one field with its doc line, its valid values in its annotation (`streams: PosInt = 4`, `Literal`,
+`Range`: common/config.py); a check relating two fields goes in that class's `__post_init__`.
 """
 from __future__ import annotations
 
