@@ -100,3 +100,26 @@ class RecordingSink(Sink):
         row = wandb_row(record)
         if row is not None:
             self.wandb_rows.append(row)
+
+
+def torchrun(args, env, timeout):
+    """`torchrun --standalone --nproc_per_node=2 args` from the repository root -> (exit code,
+    stdout + stderr); on a timeout the whole process group is killed (hung ranks included) and the
+    test fails with the output."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import pytest
+
+    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          *map(str, args)], env=env, cwd=Path(__file__).resolve().parents[1],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, _ = p.communicate()
+        pytest.fail(f"torchrun still running after {timeout} s (a hang?):\n{out[-3000:]}")
+    return p.returncode, out

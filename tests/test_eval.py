@@ -325,7 +325,7 @@ def test_a_task_failing_on_one_rank_is_skipped_on_every_rank(tmp_path):
     both ranks skip both tasks, name rank 1's error, run the next task and exit (before: a hang)."""
     import os
 
-    from test_gpu_paths import torchrun
+    from helpers import torchrun
 
     for name in ("toy_load", "toy_score", "toy_mc"):
         write_task(tmp_path, name)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from runtime import checkpoint as ck
+from helpers import torchrun
 
 
 # --- RNG state: the current GPU's generator only ---------------------------------------------------
@@ -297,28 +298,6 @@ def test_the_compiling_first_step_is_reported_apart(monkeypatch, tmp_path):
 
 
 # --- ranks waiting for rank 0's data preparation ------------------------------------------------
-
-def torchrun(args, env, timeout):
-    """`torchrun --standalone --nproc_per_node=2 args` from the repository root -> (exit code,
-    stdout + stderr); on a timeout the whole process group is killed (hung ranks included) and the
-    test fails with the output."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    p = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          *map(str, args)], env=env, cwd=Path(__file__).resolve().parents[1],
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        out, _ = p.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, _ = p.communicate()
-        pytest.fail(f"torchrun still running after {timeout} s (a hang?):\n{out[-3000:]}")
-    return p.returncode, out
-
 
 @pytest.mark.slow
 def test_ranks_wait_for_rank0s_data_preparation_beyond_the_collective_timeout():

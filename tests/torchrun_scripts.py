@@ -17,16 +17,16 @@ def wait():
     from runtime import distributed as D
 
     d = D.init_distributed("cpu")
-    # after set-up (whose own waits depend on how fast each process starts): 2 s stands in for
+    # after set-up (whose own waits depend on how fast each process starts): 1 s stands in for
     # the default group's 30 minutes
-    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=2))
-    # rank 0 "prepares the data" for 4 s, beyond the default group's timeout
-    out = D.main_first(lambda: time.sleep(4) or "prepared" if d.rank == 0 else "found ready")
+    dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=1))
+    # rank 0 "prepares the data" for 2.5 s, beyond the default group's timeout
+    out = D.main_first(lambda: time.sleep(2.5) or "prepared" if d.rank == 0 else "found ready")
     t = torch.ones(1)
     D.all_reduce_(t)  # the default group still works afterwards
     print(f"rank {d.rank}: {out}, {t.item():.0f}", flush=True)
     if d.rank == 0:  # the former way, a barrier on the default group, times out
-        time.sleep(4)
+        time.sleep(2.5)
     try:
         dist.barrier()
     except Exception:
