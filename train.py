@@ -1,6 +1,6 @@
 """Train a GPT with one residual-stream normalization variant.
 
-    python train.py                                   # tiny model on pydocs, ~4.5 min on 2 CPU cores
+    python train.py                                   # tiny model on pydocs, ~5 min on 2 CPU cores
     python train.py norm=spheret norm.p=1 model=gpt_125m data=fineweb_edu train.max_steps=20000
     torchrun --nproc_per_node=8 train.py norm=geonorm  # DDP (NCCL on CUDA, gloo on CPU)
     python train.py train.resume=auto                 # continue the run dir's newest checkpoint
