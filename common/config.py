@@ -32,10 +32,12 @@ def bad(key: str, value: Any, valid: str, error: Type[UserError] = ConfigError) 
 @dataclasses.dataclass(frozen=True)
 class Range:
     """A number's valid interval, written in its annotation: `Annotated[float, Range(0, 1, "[)")]`.
-    `ends` says which ends are in; an excluded infinite end means the number must be finite."""
+    `ends` says which ends are in; an excluded infinite end means the number must be finite. `note` ends
+    the error line (what a special value means: `(0 = no clipping)`)."""
     lo: float = -math.inf
     hi: float = math.inf
     ends: str = "[]"
+    note: str = ""
 
     def holds(self, v: float) -> bool:
         return (v > self.lo if self.ends[0] == "(" else v >= self.lo) and \
@@ -117,7 +119,8 @@ def _conform(key: str, v: Any, t: Any, error: Type[UserError]) -> Any:
         check(v, key, error)  # a nested group's errors name its full key (optim.groups.vectors.lr_mult)
     for m in meta:
         if isinstance(m, Range) and not m.holds(v):
-            bad(key, given, m.text(t is int) + (" or null" if nullable else ""), error)
+            bad(key, given, m.text(t is int) + (" or null" if nullable else "") + (f" {m.note}" if m.note else ""),
+                error)
         if m == "non-empty" and not v:
             bad(key, v, "must be a non-empty string", error)
     return v

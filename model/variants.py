@@ -282,6 +282,10 @@ class PreDyT(Variant):
         return DyT(cfg.n_embd, cfg.norm.alpha_other) if cfg.norm.final_norm else nn.Identity()
 
 
+# p of a SpheretNorm retraction: > 0, .inf the exponential map
+RetractionP = Annotated[float, Range(0, math.inf, "(]", "(.inf in YAML for the exponential map)")]
+
+
 @dataclass
 class SphereOptions(NormOptions):
     """The `norm.*` keys of the sphere family (GeoNorm, the SpheretNorms)."""
@@ -446,16 +450,13 @@ class SpheretNorm(_SphereVariant):
         fixed_p: ClassVar[Optional[float]] = None  # set by the variants that are one member of the p-family
         decay: str = "sqrt"           # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
         embed_norm: str = "scalenorm" # input step: none | layer | scalenorm | unit
-        p: float = 1.0                # p of the retraction (> 0; .inf = the exponential map)
-        alpha_init: Positive = 1.0    # softplus(rho) at init
+        p: RetractionP = 1.0          # p of the retraction (> 0; .inf = the exponential map)
+        alpha_init: Annotated[float, Range(0, math.inf, "()", "(softplus(rho) at init)")] = 1.0  # softplus(rho) at init
 
         def __post_init__(self):
-            check(self, "norm")  # the type of p, before its value is read
-            if not self.p > 0:
-                bad("norm.p", self.p, "must be a number > 0 (.inf in YAML for the exponential map)")
+            super().__post_init__()
             if self.fixed_p is not None and self.p != self.fixed_p:
                 bad("norm.p", self.p, f"norm.name={self.name} means p={self.fixed_p:g}; use norm=spheret to choose p")
-            super().__post_init__()
 
         def angle_bound(self):
             return self.p * math.pi / 2  # p atan(beta/p) < p pi/2; inf for the exponential map
@@ -492,7 +493,7 @@ class ProjSpheretNorm(SpheretNorm):
     @dataclass
     class Options(SpheretNorm.Options):
         fixed_p: ClassVar[Optional[float]] = 1.0
-        p: float = 1.0                # fixed: 1 (use norm=spheret to choose p)
+        p: RetractionP = 1.0          # fixed: 1 (use norm=spheret to choose p)
 
 
 @register("cay_spheret")
@@ -502,7 +503,7 @@ class CaySpheretNorm(SpheretNorm):
     @dataclass
     class Options(SpheretNorm.Options):
         fixed_p: ClassVar[Optional[float]] = 2.0
-        p: float = 2.0                # fixed: 2 (use norm=spheret to choose p)
+        p: RetractionP = 2.0          # fixed: 2 (use norm=spheret to choose p)
 
 
 # ---- optional extras beyond the two papers' baseline lists (docs/variants.md, "Summary") ----

@@ -247,6 +247,7 @@ def test_a_fields_annotation_is_its_check():
         mode: Literal["a", "b"] = "a"
         label: Name = "x"
         dims: tuple = ()
+        clip: Annotated[float, Range(0, note="(0 = off)")] = 1.0
 
         def __post_init__(self):
             check(self, "toy")
@@ -256,6 +257,7 @@ def test_a_fields_annotation_is_its_check():
     for kw, msg in (({"n": 0}, "toy.n=0: must be a positive integer"), ({"n": 2.0}, "toy.n=2.0: must be an integer"),
                     ({"frac": 1}, r"toy.frac=1: must be in \[0, 1\)"), ({"cap": 0}, "toy.cap=0: must be > 0 or null"),
                     ({"mode": "c"}, "toy.mode='c': valid: a, b"), ({"label": ""}, "toy.label='': must be a non-empty"),
-                    ({"n": None}, "toy.n=None: must not be null"), ({"dims": 3}, "toy.dims=3: must be a list")):
+                    ({"n": None}, "toy.n=None: must not be null"), ({"dims": 3}, "toy.dims=3: must be a list"),
+                    ({"clip": -1}, r"toy.clip=-1: must be >= 0 \(0 = off\)$")):
         with pytest.raises(ConfigError, match=rf"^bad config {msg}"):
             Toy(**kw)

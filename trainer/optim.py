@@ -31,7 +31,7 @@ OPTIMIZERS = Registry("optim.name")
 class GroupConfig:
     """One optimizer parameter group: lr = the schedule's lr x lr_mult; weight_decay null = optim.weight_decay."""
     lr_mult: Positive = 1.0               # lr = the schedule's lr x lr_mult
-    weight_decay: Optional[NonNeg] = None  # null = optim.weight_decay
+    weight_decay: Optional[Annotated[float, Range(0, note="(null: optim.weight_decay)")]] = None  # null = optim.weight_decay
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class OptimConfig:
     lr: Annotated[float, Range(0, math.inf, "(]")] = 1e-3  # peak learning rate of the schedule
     min_lr: NonNeg = 1e-4                 # floor: cosine decays to it, wsd's final decay ends at it
     weight_decay: NonNeg = 0.1            # decoupled weight decay (groups with weight_decay null)
-    grad_clip: NonNeg = 1.0               # max global grad norm; 0 = no clipping (the norm is still logged)
+    grad_clip: Annotated[float, Range(0, note="(0 = no clipping)")] = 1.0  # max global grad norm; 0 = no clipping (the norm is still logged)
     schedule: Any = field(default_factory=lambda: SCHEDULES[ScheduleOptions.name].Options())  # the LR schedule (trainer/schedules.py): cosine | wsd | constant
     warmup_steps: NonNegInt = 50          # linear warmup (all schedules)
     groups: GroupsConfig = field(default_factory=GroupsConfig)  # per parameter group: lr = schedule x lr_mult
