@@ -113,10 +113,8 @@ def _conform(key: str, v: Any, t: Any, error: Type[UserError]) -> Any:
         if not isinstance(v, (list, tuple)):
             bad(key, v, "must be a list", error)
         v = (tuple if tuple in (t, typing.get_origin(t)) else list)(v)
-    elif dataclasses.is_dataclass(t):
-        if not isinstance(v, t):
-            bad(key, v, "must be a group of keys", error)
-        check(v, key, error)  # a nested group's errors name its full key (optim.groups.vectors.lr_mult)
+    elif dataclasses.is_dataclass(t) and not isinstance(v, t):
+        bad(key, v, "must be a group of keys", error)  # a nested group checked itself when it was made
     for m in meta:
         if isinstance(m, Range) and not m.holds(v):
             bad(key, given, m.text(t is int) + (" or null" if nullable else "") + (f" {m.note}" if m.note else ""),

@@ -60,6 +60,9 @@ class WandbConfig:
     name: Optional[str] = None            # null = run_name
     tags: tuple = ()                      # wandb tags
 
+    def __post_init__(self) -> None:
+        check(self, "logging.wandb")
+
 
 @dataclass(frozen=True)
 class LoggingConfig:
@@ -72,7 +75,7 @@ class LoggingConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)  # wandb sink (metrics.jsonl is always written)
 
     def __post_init__(self) -> None:
-        check(self, "logging")  # and logging.wandb.*
+        check(self, "logging")
         if not (2 <= self.spike_min_history <= self.spike_window):
             _bad("logging.spike_min_history", self.spike_min_history,
                  f"must be in [2, logging.spike_window={self.spike_window}]")

@@ -47,6 +47,10 @@ class GroupsConfig:
     def names() -> tuple:
         return tuple(f.name for f in dataclasses.fields(GroupsConfig))
 
+    def __post_init__(self) -> None:  # each group's errors name its full key (optim.groups.vectors.lr_mult)
+        for name in self.names():
+            check(getattr(self, name), f"optim.groups.{name}")
+
 
 @dataclass(frozen=True)
 class OptimConfig:
@@ -63,7 +67,7 @@ class OptimConfig:
     groups: GroupsConfig = field(default_factory=GroupsConfig)  # per parameter group: lr = schedule x lr_mult
 
     def __post_init__(self) -> None:
-        check(self, "optim")  # and optim.groups.*
+        check(self, "optim")
         if self.min_lr > self.lr:
             bad("optim.min_lr", self.min_lr, f"must be in [0, optim.lr={self.lr}]")
 
@@ -228,6 +232,9 @@ class MuonSettings:
     momentum: Annotated[float, Range(0, 1, "[)")] = 0.95  # Muon momentum
     nesterov: bool = True                 # Nesterov momentum
     ns_steps: PosInt = 5                  # Newton-Schulz iterations
+
+    def __post_init__(self) -> None:
+        check(self, "optim.muon")
 
 
 @OPTIMIZERS.register("muon")
