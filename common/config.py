@@ -1,12 +1,8 @@
-"""The typed config layer shared by every component.
-
-A component's config is one dataclass next to the code that reads it. Each default, its one-line doc
-(the field's trailing comment) and what a value may be (the annotation: type, `Literal` choices, a
-`Range`: `max_steps: PosInt = 600`) are written there once. `check(self, prefix)`, the first line of
-every config's `__post_init__`, enforces the annotations, so `TrainConfig(max_steps=0)` fails as
-`train.max_steps=0` does, in one line naming the key; `build` makes the object from a composed group,
-`defaults`/`schema` the Hydra schema (trainer/config_store.py), `field_docs` the `--help` lines.
-"""
+"""The typed config layer. A component's config is a dataclass beside its code; each field's default,
+one-line doc (its trailing comment) and valid values (its annotation: `max_steps: PosInt = 600`) are
+written there once. `check(self, prefix)`, the first line of every config's `__post_init__`, enforces the
+annotations in one line naming the key; `build` makes a config from a composed group, `defaults` gives
+the Hydra schema (trainer/config_store.py), `field_docs` the `--help` lines."""
 from __future__ import annotations
 
 import dataclasses
@@ -147,11 +143,9 @@ def to_plain(node: Any) -> dict:
     return {k: v for k, v in node.items() if v != MISSING}
 
 
-def defaults(cls, keys: Optional[Mapping[str, str]] = None) -> dict:
-    """{key: default} of a dataclass (nested dataclasses as nested dicts, tuples as lists, MISSING where a
-    field has no default). `keys` maps config keys to field names when they differ."""
-    by_field = {f.name: _default(f) for f in dataclasses.fields(cls)}
-    return {key: by_field[name] for key, name in (keys or {n: n for n in by_field}).items()}
+def defaults(cls) -> dict:
+    """{field: default} of a dataclass: nested dataclasses as dicts, tuples as lists, MISSING if none."""
+    return {f.name: _default(f) for f in dataclasses.fields(cls)}
 
 
 def _default(f: dataclasses.Field) -> Any:
@@ -168,47 +162,24 @@ def _plain_value(v: Any) -> Any:
     return [_plain_value(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
-def schema(values: Mapping[str, Any], name: str):
-    """A Hydra structured-config node with exactly these keys and defaults (nested mappings become
-    nested nodes). Keys are closed (a typo is an error); every leaf is typed Any, so `check` is the one
-    type check and a wrong type reads the same wherever the config comes from."""
-    from omegaconf import OmegaConf
-
-    def make(values, name):
-        specs = []
-        for key, v in values.items():
-            if isinstance(v, Mapping):
-                sub = make(v, f"{name}_{key}")
-                specs.append((key, sub, dataclasses.field(default_factory=sub)))
-            else:
-                specs.append((key, Any, dataclasses.field(default_factory=lambda v=v: list(v)) if isinstance(v, list)
-                              else dataclasses.field(default=v)))
-        return dataclasses.make_dataclass(name, specs)
-    return OmegaConf.structured(make(values, name))
-
-
-def build(cls, node: Any, prefix: str, error: Type[UserError] = ConfigError, keys: Optional[Mapping[str, str]] = None,
-          also_valid: tuple = (), **fixed):
+def build(cls, node: Any, prefix: str, error: Type[UserError] = ConfigError, keys=None, **fixed):
     """The dataclass `cls` from a config group `prefix`: absent keys take its defaults, a partial nested
-    group keeps the parent's defaults for the rest; `keys` maps config keys to field names (default: the
-    same), `fixed` sets fields that are no keys of the group. The class's `__post_init__` checks values."""
-    data, hints = to_plain(node), _hints(cls)
-    keys = keys or {f.name: f.name for f in dataclasses.fields(cls)}
+    group keeps the default's other keys. `keys`: the group's valid keys when they are not cls's fields,
+    `fixed`: fields that are no keys of the group. The class's `__post_init__` checks the values."""
+    data, fs = to_plain(node), {f.name: f for f in dataclasses.fields(cls)}
+    keys = list(keys or fs)
     unknown = [k for k in data if k not in keys]
     if unknown:
-        raise error(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}: valid keys are "
-                    f"{', '.join([*keys, *also_valid])}")
-    kw = dict(fixed)
+        raise error(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}: valid keys are {', '.join(keys)}")
     for key, v in data.items():
-        name, t = keys[key], hints[keys[key]]
-        if dataclasses.is_dataclass(t) and isinstance(v, Mapping):
-            base = _default(next(f for f in dataclasses.fields(cls) if f.name == name))
-            v = build(t, {**base, **v} if isinstance(base, Mapping) else v, f"{prefix}.{key}", error)
-        kw[name] = v
-    missing = [f.name for f in dataclasses.fields(cls) if f.name not in kw and _default(f) == MISSING]
+        base = _default(fs[key])
+        if dataclasses.is_dataclass(_hints(cls)[key]) and isinstance(v, Mapping) and isinstance(base, Mapping):
+            data[key] = build(_hints(cls)[key], {**base, **v}, f"{prefix}.{key}", error)
+    data.update(fixed)
+    missing = [k for k, f in fs.items() if k not in data and _default(f) == MISSING]
     if missing:
         raise error(f"missing key {prefix}.{missing[0]}: it has no default, set it")
-    return cls(**kw)
+    return cls(**data)
 
 
 def union_keys(classes) -> dict:

@@ -107,7 +107,7 @@ class GPTConfig:
         take the defaults above. `vocab_size` is the tokenizer's (used when model.vocab_size is null)."""
         m = to_plain(model_cfg)
         group = build(ModelGroup, {k: m.pop(k) for k in MODEL_GROUP_KEYS if k in m}, "model")
-        return build(cls, m, "model", keys=MODEL_KEYS, also_valid=MODEL_GROUP_KEYS, vocab_size=group.vocab(vocab_size),
+        return build(cls, m, "model", keys=model_group_defaults(), vocab_size=group.vocab(vocab_size),
                      norm=norm_options(norm_cfg))
 
 
@@ -152,13 +152,13 @@ class ModelGroup:
 
 
 MODEL_GROUP_KEYS = tuple(f.name for f in fields(ModelGroup))
-# Hydra `model.*` keys: the GPTConfig fields but `norm` (its own group), and ModelGroup's.
-MODEL_KEYS = {f.name: f.name for f in fields(GPTConfig) if f.name not in ("norm", *MODEL_GROUP_KEYS)}
 
 
 def model_group_defaults() -> dict:
-    """The `model` group's keys and defaults (its Hydra schema)."""
-    return {**defaults(GPTConfig, MODEL_KEYS), **defaults(ModelGroup)}
+    """The `model` group's keys and defaults (its Hydra schema): GPTConfig's but `norm` (its own group)
+    and those ModelGroup sets (vocab_size), then ModelGroup's."""
+    own = {k: v for k, v in defaults(GPTConfig).items() if k not in ("norm", *MODEL_GROUP_KEYS)}
+    return {**own, **defaults(ModelGroup)}
 
 
 def norm_group_defaults() -> dict:

@@ -7,6 +7,7 @@ through the same config path as the built-in ones (no YAML, no edits elsewhere).
 from dataclasses import dataclass
 
 import pytest
+from hydra.core.config_store import ConfigStore
 
 from common import ConfigError
 from model.variants import VARIANTS, NormOptions, Variant, register
@@ -37,6 +38,7 @@ def scaled_pre_ln():
             return h + self.scale * f(self.norm(h))
     yield ScaledPreLN
     unregister(VARIANTS, "scaled_pre_ln")
+    ConfigStore.instance().repo.get("norm", {}).pop("scaled_pre_ln.yaml", None)  # its code-only `norm` option
 
 
 @pytest.mark.slow

@@ -29,32 +29,33 @@ def _docs(prefix: str, owners: dict) -> dict:
     return out
 
 
-def _components(group: str):
-    """(resolve: the group's node -> its resolved values, {component: (its key, its Options)})."""
+def _filled(value, default):
+    """A composed value with its nulls (the component's default, in `norm` and `optim`) filled in."""
+    if isinstance(value, dict):
+        return {k: _filled(v, (default or {}).get(k)) for k, v in value.items()}
+    return default if value is None else value
+
+
+def _component_values(group: str, node: dict, readers: dict) -> dict:
+    """The `norm` or `optim` group with each key at the chosen component's default, or for a key the
+    chosen components do not read, the first reader's; such a key's readers go into `readers`."""
+    from common.config import defaults
+
     if group == "norm":
-        from model.config import norm_options
         from model.variants import VARIANTS
-
-        return (lambda n: dataclasses.asdict(norm_options(n))), {n: ("name", v.Options) for n, v in VARIANTS.items()}
-    from .optim import OPTIMIZERS, optim_config
-    from .schedules import SCHEDULES
-
-    def resolve(n):
-        d = dataclasses.asdict(optim_config(n))
-        return {**d, **d["schedule"], "schedule": d["schedule"]["name"], "name": d["name"]}
-    return resolve, {**{n: ("name", o.Options) for n, o in OPTIMIZERS.items()},
-                     **{n: ("schedule", s.Options) for n, s in SCHEDULES.items()}}
-
-
-def _shown(group: str, node: dict, readers: dict) -> dict:
-    resolve, components = _components(group)
-    values, shown = resolve(node), {}
-    for k in node:
-        if k not in values:  # read by other components only: the first one's default, and who reads it
-            names = [n for n, (_, cls) in components.items() if k in {f.name for f in dataclasses.fields(cls)}]
-            values[k] = resolve({components[names[0]][0]: names[0]})[k]
-            readers[f"{group}.{k}"] = f"[{', '.join(names)}] "
-        shown[k] = values[k]
+        components, chosen = {n: v.Options for n, v in VARIANTS.items()}, {node["name"]}
+    else:
+        from .optim import OPTIMIZERS
+        from .schedules import SCHEDULES
+        components = {**{n: o.Options for n, o in OPTIMIZERS.items()}, **{n: s.Options for n, s in SCHEDULES.items()}}
+        chosen = {node["name"], node["schedule"]}
+    shown = {}
+    for k, v in node.items():
+        names = [n for n, cls in components.items() if k in {f.name for f in dataclasses.fields(cls)}]
+        first = next((n for n in names if n in chosen), None)
+        if first is None:
+            first, readers[f"{group}.{k}"] = names[0], f"[{', '.join(names)}] "
+        shown[k] = _filled(v, defaults(components[first])[k])
     return shown
 
 
@@ -71,7 +72,7 @@ def config_help(config_dir: Path) -> str:
 
     from common.config import show_value
     from data.config import DataConfig
-    from model.config import MODEL_KEYS, GPTConfig, ModelGroup, norm_group_keys
+    from model.config import MODEL_GROUP_KEYS, GPTConfig, ModelGroup, model_group_defaults, norm_group_keys
 
     from .config import LoggingConfig, TrainConfig
     from .config_store import register_code_configs
@@ -84,12 +85,13 @@ def config_help(config_dir: Path) -> str:
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
         cfg = OmegaConf.to_container(compose("config"), resolve=False)
     fields = lambda cls: {f.name: cls for f in dataclasses.fields(cls)}  # noqa: E731
-    docs = {**_docs("model", {**{k: GPTConfig for k in MODEL_KEYS}, **fields(ModelGroup)}),
+    docs = {**_docs("model", {k: ModelGroup if k in MODEL_GROUP_KEYS else GPTConfig for k in model_group_defaults()}),
             **_docs("norm", norm_group_keys()), **_docs("data", fields(DataConfig)),
             **_docs("train", fields(TrainConfig)), **_docs("optim", optim_group_keys()),
             **_docs("logging", fields(LoggingConfig))}
     readers: dict = {}
-    cfg["norm"], cfg["optim"] = _shown("norm", cfg["norm"], readers), _shown("optim", cfg["optim"], readers)
+    for group in ("norm", "optim"):
+        cfg[group] = _component_values(group, cfg[group], readers)
     lines = ["usage: python train.py [group=option ...] [key=value ...]",
              "       torchrun --nproc_per_node=N train.py ...    (DDP; see README)",
              "",

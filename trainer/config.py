@@ -95,36 +95,29 @@ class RunConfig:
 
 
 def parse_run_config(cfg: DictConfig) -> RunConfig:
-    """Build and validate every group of the composed Hydra config (raises ConfigError): train, optim and
-    logging, and where the config has them the model (at its data's tokenizer's vocabulary, so before any
-    data preparation, which may take long) and data, and where the run goes."""
-    for g in ("train", "optim", "logging"):
-        if g not in cfg or cfg[g] is None:
-            raise ConfigError(f"missing config group '{g}' (configs/{g}/)")
+    """Build and validate every group of the composed Hydra config (raises ConfigError): train, optim,
+    logging, and where the config has them data and the model, at the data's tokenizer's vocabulary (so
+    before any data preparation, which may take long)."""
+    from omegaconf import OmegaConf
+
     train, optim = build(TrainConfig, cfg.train, "train"), optim_config(cfg.optim)
-    logging_cfg = build(LoggingConfig, cfg.logging, "logging")
+    if optim.name == "muon" and train.precision == "fp16":
+        _bad("train.precision", "fp16", "optim=muon runs in bf16 or fp32 (its split Q/K/V updates bypass fp16's "
+                                        "gradient scaler); use train.precision=bf16")
     model = data = None
     if "data" in cfg:
+        from data import get_tokenizer
         from data.config import DataConfig
 
         data = DataConfig.from_any(cfg.data)
     if "model" in cfg and "norm" in cfg:
         from model.config import GPTConfig
 
-        vocab = 1
-        if data is not None:
-            from data import get_tokenizer
-
-            vocab = get_tokenizer(data.tokenizer).vocab_size
+        vocab = get_tokenizer(data.tokenizer).vocab_size if data is not None else 1
         model = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=vocab)
-    if optim.name == "muon" and train.precision == "fp16":
-        _bad("train.precision", "fp16", "optim=muon runs in bf16 or fp32 (its split Q/K/V updates bypass fp16's "
-                                        "gradient scaler); use train.precision=bf16")
-    from omegaconf import OmegaConf
-
     composed = OmegaConf.to_container(cfg, resolve=True)
-    return RunConfig(train, optim, logging_cfg, model, data, composed.get("out_dir"), composed.get("run_name"),
-                     composed)
+    return RunConfig(train, optim, build(LoggingConfig, cfg.logging, "logging"), model, data,
+                     composed.get("out_dir"), composed.get("run_name"), composed)
 
 
 # --- helpers -------------------------------------------------------------------------------------

@@ -14,7 +14,6 @@ from __future__ import annotations
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-_STORED: set[str] = set()  # the code-only `norm` options stored so far
 
 
 def group_defaults() -> dict:
@@ -32,29 +31,24 @@ def group_defaults() -> dict:
 
 def register_code_configs(config_dir: Path = CONFIG_DIR, from_cache: bool = False) -> list[str]:
     """Store the `base_config` schema, and a `norm` group option for every registered variant without a
-    YAML; returns those variants' names. Call before Hydra composes (train.py does; so do the tests and
-    scripts that compose). `from_cache` (train.py's command line): the schema and the variants as the
-    sources give them (trainer/cli_cache.py), without importing the model and torch."""
+    YAML; returns those variants' names. Call before Hydra composes. `from_cache` (train.py): both as
+    the sources give them (trainer/cli_cache.py), without importing the model and torch."""
     from hydra.core.config_store import ConfigStore
-
-    from common.config import schema
+    from omegaconf import OmegaConf
 
     if from_cache:
         from .cli_cache import cached
         groups, variants = cached("schema", lambda: [group_defaults(), _variants()])
     else:
         groups, variants = group_defaults(), _variants()
-    store = ConfigStore.instance()
-    store.store(name="base_config", node={g: schema(d, f"{g}_schema") for g, d in groups.items()})
-    for name in _STORED - set(variants):  # a variant removed from the registry since is no option any more
-        store.repo.get("norm", {}).pop(f"{name}.yaml", None)
-    stored = []
-    for name in variants:
-        if not (config_dir / "norm" / f"{name}.yaml").is_file():
-            store.store(group="norm", name=name, node={"name": name})
-            stored.append(name)
-    _STORED.clear()
-    _STORED.update(stored)
+    # Closed keys (a typo fails at composition) but untyped values: `check` is the one type check.
+    schema = OmegaConf.create(groups)
+    for group in groups:
+        OmegaConf.set_struct(schema[group], True)
+    ConfigStore.instance().store(name="base_config", node=schema)
+    stored = [name for name in variants if not (config_dir / "norm" / f"{name}.yaml").is_file()]
+    for name in stored:
+        ConfigStore.instance().store(group="norm", name=name, node={"name": name})
     return stored
 
 
