@@ -28,17 +28,28 @@ class PreparedCorpus:
 def pydocs(tmp_path_factory):
     """The default data (pydocs, byte tokenizer), prepared once per test session in a fresh
     directory that $NANONORM_DATA points at, so that every test run and every subprocess (train.py,
-    torchrun) reads it there. `imported`: the modules first imported while preparing it."""
+    torchrun) reads it there. The xdist workers share it: the first prepares it, the others wait for
+    it and reuse it. `imported`: the modules first imported while preparing it."""
+    import fcntl
+    import json
+
     from data import prepare_dataset
     from data.prepare import compose_data_config
 
-    root = tmp_path_factory.mktemp("data")
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "pydocs-data"
+    root.mkdir(exist_ok=True)
     mp = pytest.MonkeyPatch()
     mp.setenv("NANONORM_DATA", str(root))
     config = compose_data_config([])
-    before = set(sys.modules)
-    out_dir = prepare_dataset(config, progress=False)
-    yield PreparedCorpus(root, config, out_dir, set(sys.modules) - before)
+    with open(root / ".fixture.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record = root / "imported.json"
+        before = set(sys.modules)
+        out_dir = prepare_dataset(config, progress=False)
+        if not record.exists():   # this worker prepared it
+            record.write_text(json.dumps(sorted(set(sys.modules) - before)))
+    yield PreparedCorpus(root, config, out_dir, set(json.loads(record.read_text())))
     mp.undo()
 
 

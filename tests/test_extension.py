@@ -148,15 +148,12 @@ def test_new_data_source_is_one_function(tmp_path):
 
 
 @pytest.mark.slow
-def test_new_study_is_one_yaml_file(tmp_path, pydocs):
+def test_new_study_is_one_yaml_file(tmp_path, pydocs, load_script, capfd, monkeypatch):
     """A study is data: its cells and parts in a YAML file; scripts/study.py runs it (resumable) and
     writes its tables, wall time and commits."""
-    import subprocess
-    import sys
-
     import yaml
 
-    from helpers import REPO, TINY
+    from helpers import TINY
 
     study = {"experiment": "fidelity", "seeds": [0], "reference": "pre_ln",
              "tune": {"key": "optim.lr", "ladder": [1.0e-3, 3.0e-3], "width": 1},
@@ -166,12 +163,15 @@ def test_new_study_is_one_yaml_file(tmp_path, pydocs):
                         "seeds": [1]}]}
     path = tmp_path / "mini.yaml"
     path.write_text(yaml.safe_dump(study))
-    cmd = [sys.executable, "scripts/study.py", str(path), "--runs-root", str(tmp_path / "runs"), "--docs",
-           str(tmp_path / "docs"), "--", *TINY, "train.max_steps=2"]
+    argv = [str(path), "--runs-root", str(tmp_path / "runs"), "--docs", str(tmp_path / "docs"), "--", *TINY,
+            "train.max_steps=2"]
+    from helpers import REPO
+
+    monkeypatch.syspath_prepend(str(REPO / "scripts"))   # its modules import each other by bare name
     for _ in range(2):   # the second time every run is finished: nothing runs again
-        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stderr[-2000:]
-    assert "2 finished, 0 to resume, 0 to restart, 0 new" in out.stdout   # the second time: nothing ran again
+        capfd.readouterr()
+        assert load_script("study").main(argv) == 0   # its sweeps and runs are subprocesses, as on the command line
+    assert "2 finished, 0 to resume, 0 to restart, 0 new" in capfd.readouterr().out
     assert sorted(p.name for p in (tmp_path / "runs" / "mini_a").glob("*-s0")) == [
         "pre_ln-lr-0.001-s0", "pre_ln-lr-0.003-s0"]
     assert [p.name for p in (tmp_path / "runs" / "mini_b").glob("*-s*")] and \
