@@ -225,8 +225,16 @@ def run_tasks(lm: NanoLM, tasks, include_path=None, limit=None, num_fewshot=None
     instead of leaving the others waiting in a collective.
 
     Returns ({task: {metric: value}} (rank 0 only), {task: reason} for the failures)."""
-    from lm_eval import simple_evaluate
+    import contextlib
+    from unittest import mock
+
+    from lm_eval import evaluator, simple_evaluate
     from lm_eval.tasks import TaskManager
+
+    # simple_evaluate adds environment info to its results by running `pip list` (about a second, once
+    # per task); we keep only out["results"], so skip it.
+    no_env_info = (mock.patch.object(evaluator, "add_env_info", lambda results: None)
+                   if hasattr(evaluator, "add_env_info") else contextlib.nullcontext())
 
     # Indexing the ~15k built-in tasks takes a minute: skip it when include_path has everything asked for.
     tm = TaskManager(include_path=include_path, include_defaults=False) if include_path else None
@@ -242,10 +250,11 @@ def run_tasks(lm: NanoLM, tasks, include_path=None, limit=None, num_fewshot=None
             # Every rank makes exactly one agree() call after the last one the evaluator made
             # for it: at the end of a task, on failure, or (PeerFailed) in the call that reported it.
             try:
-                out = simple_evaluate(model=lm, tasks=[task], task_manager=tm, limit=limit,
-                                      num_fewshot=num_fewshot, bootstrap_iters=bootstrap_iters,
-                                      log_samples=False, random_seed=seed, numpy_random_seed=seed,
-                                      torch_random_seed=seed, fewshot_random_seed=seed)
+                with no_env_info:
+                    out = simple_evaluate(model=lm, tasks=[task], task_manager=tm, limit=limit,
+                                          num_fewshot=num_fewshot, bootstrap_iters=bootstrap_iters,
+                                          log_samples=False, random_seed=seed, numpy_random_seed=seed,
+                                          torch_random_seed=seed, fewshot_random_seed=seed)
             except PeerFailed as e:
                 failures[task] = str(e)
             except Exception as e:  # typically: the dataset cannot be downloaded (no internet, no cache)

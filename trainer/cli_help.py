@@ -81,7 +81,7 @@ def config_help(config_dir: Path) -> str:
     config_dir = Path(config_dir)
     top = (config_dir / "config.yaml").read_text()
     defaults = dict(re.findall(r"^\s*-\s*(\w+):\s*(\w+)", top, flags=re.M))
-    register_code_configs(config_dir)
+    register_code_configs(config_dir, from_cache=True)  # also caches the schema for train.py's next start
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
         cfg = OmegaConf.to_container(compose("config"), resolve=False)
     fields = lambda cls: {f.name: cls for f in dataclasses.fields(cls)}  # noqa: E731
