@@ -112,15 +112,12 @@ def test_saturation_shares_in_norm_stats():
 
 
 @pytest.mark.slow
-def test_step_scale_script_table(pydocs):
-    out = subprocess.run([sys.executable, "scripts/step_scale.py", "--lr", "1e-3",
-                          "--cell", "a1=norm=proj_spheret", "--cell", "a32=norm=proj_spheret,norm.alpha_init=32",
-                          "--cell", "pre=norm=pre_ln",
-                          "--", "experiment=fidelity", "model.n_layer=2", "model.n_embd=32", "model.n_head=2",
-                          "model.block_size=32", "train.micro_batch_size=2", "train.batch_tokens=64"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert out.returncode == 0, out.stderr
-    rows = {line.split("|")[1].strip(): line.split("|") for line in out.stdout.splitlines() if line.startswith("| a") or line.startswith("| pre")}
+def test_step_scale_script_table(pydocs, load_script, capsys):
+    argv = ["--lr", "1e-3", "--cell", "a1=norm=proj_spheret", "--cell", "a32=norm=proj_spheret,norm.alpha_init=32",
+            "--cell", "pre=norm=pre_ln", "--", "experiment=fidelity", "model.n_layer=2", "model.n_embd=32",
+            "model.n_head=2", "model.block_size=32", "train.micro_batch_size=2", "train.batch_tokens=64"]
+    assert load_script("step_scale").main(argv) == 0
+    rows = {line.split("|")[1].strip(): line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| a") or line.startswith("| pre")}
     assert set(rows) == {"a1", "a32", "pre"}
     angle = {k: float(r[4].split()[0]) for k, r in rows.items()}
     dlogits = {k: float(r[8]) for k, r in rows.items()}
