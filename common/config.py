@@ -172,9 +172,9 @@ def build(cls, node: Any, prefix: str, error: Type[UserError] = ConfigError, key
     if unknown:
         raise error(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}: valid keys are {', '.join(keys)}")
     for key, v in data.items():
-        base = _default(fs[key])
-        if dataclasses.is_dataclass(_hints(cls)[key]) and isinstance(v, Mapping) and isinstance(base, Mapping):
-            data[key] = build(_hints(cls)[key], {**base, **v}, f"{prefix}.{key}", error)
+        t = _hints(cls)[key]
+        if dataclasses.is_dataclass(t) and isinstance(v, Mapping):  # a nested group: over its default's keys
+            data[key] = build(t, {**_default(fs[key]), **v}, f"{prefix}.{key}", error)
     data.update(fixed)
     missing = [k for k, f in fs.items() if k not in data and _default(f) == MISSING]
     if missing:
