@@ -72,7 +72,9 @@ def test_wrong_types_are_one_line_naming_the_key():
                           ("norm.clamp=0.5", "bad config norm.clamp=0.5: not an option of norm.name=pre_ln (its "
                                              "options: name, kind, eps, embed_norm, final_norm, learn_radius, derf_alpha)"),
                           ("model.bias=1", "bad config model.bias=1: must be true or false"),
-                          ("optim.groups.vectors.lr_mult=[1]", "bad config optim.groups.vectors.lr_mult=[1]: must be a number")):
+                          ("optim.groups.vectors.lr_mult=[1]", "bad config optim.groups.vectors.lr_mult=[1]: must be a number"),
+                          ("optim.groups=5", "bad config optim.groups=5: must be a group of keys"),
+                          ("logging.wandb=3", "bad config logging.wandb=3: must be a group of keys")):
         with pytest.raises(ConfigError) as e:
             parse_run_config(composed(*override.split()))
         assert str(e.value) == msg
