@@ -7,7 +7,7 @@ raises ConfigError with one line naming the key and what is valid (common/config
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Optional
+from typing import TYPE_CHECKING, Annotated, Literal, Optional
 
 from omegaconf import DictConfig
 
@@ -15,6 +15,10 @@ from common import ConfigError
 from common.config import PosInt, Range, bad as _bad, build, check
 
 from .optim import GroupConfig, GroupsConfig, OptimConfig, optim_config  # noqa: F401  (re-exported)
+
+if TYPE_CHECKING:  # parse_run_config imports them when it builds them
+    from data.config import DataConfig
+    from model.config import GPTConfig
 
 __all__ = ["ConfigError", "TrainConfig", "OptimConfig", "LoggingConfig", "WandbConfig", "RunConfig",
            "optim_config", "parse_run_config"]
@@ -87,8 +91,8 @@ class RunConfig:
     train: TrainConfig
     optim: OptimConfig
     logging: LoggingConfig
-    model: Any = None                     # GPTConfig, at the vocabulary of data.tokenizer
-    data: Any = None                      # DataConfig
+    model: Optional[GPTConfig] = None     # at the vocabulary of data.tokenizer
+    data: Optional[DataConfig] = None
     out_dir: Optional[str] = None         # the run dir
     run_name: Optional[str] = None        # the run's name (wandb)
     composed: dict = field(default_factory=dict)  # the resolved composed config, as config.yaml and checkpoints keep it
