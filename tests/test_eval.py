@@ -276,6 +276,28 @@ def test_bad_eval_options_give_one_clear_line(tmp_path, capsys):
     assert rc == 2 and "no 'test' shards" in err and "val" in err
 
 
+def test_eval_config_file_then_flags(tmp_path):
+    """--config FILE sets keys first, flags override them; a bad file or key is one line."""
+    import argparse
+
+    from evaluation.config import EvalConfigError, add_flags, from_args
+
+    parser = argparse.ArgumentParser()
+    add_flags(parser)
+    f = tmp_path / "eval.yaml"
+    f.write_text("tasks: [piqa, arc_easy]\ntoken_budget: 1000\nsplit: val\n")
+    cfg = from_args(parser.parse_args(["--config", str(f), "--token-budget", "64", "--split", "null"]))
+    assert (cfg.tasks, cfg.token_budget, cfg.split) == (["piqa", "arc_easy"], 64, None)
+    f.write_text("token_budjet: 1000\n")
+    with pytest.raises(EvalConfigError, match=r"^unknown key\(s\) eval.token_budjet: valid keys are split, "):
+        from_args(parser.parse_args(["--config", str(f)]))
+    f.write_text("- a list\n")
+    with pytest.raises(EvalConfigError, match=r"^eval config .*eval.yaml must be a mapping of keys to values$"):
+        from_args(parser.parse_args(["--config", str(f)]))
+    with pytest.raises(EvalConfigError, match=r"^cannot read eval config .*missing.yaml"):
+        from_args(parser.parse_args(["--config", str(tmp_path / "missing.yaml")]))
+
+
 def test_generate_until_is_greedy_and_stops_at_the_until_string(lm):
     from model.generate import generate
 
