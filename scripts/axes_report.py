@@ -79,7 +79,7 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     cols = [(a, "adamw") for a in ARCHS_REPORT] + [("llama", "muon")]
     names = [f"{a}\n{o}" for a, o in cols]
-    from plot_curves import VARIANT_COLORS  # the registry's colour of each variant, as in every figure
+    from plot_curves import variant_colors  # the registry's colour of each variant, as in every figure
     for i, variant in enumerate(VARIANTS):
         xs, ys, es = [], [], []
         for j, (arch, optim) in enumerate(cols):
@@ -89,7 +89,7 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
                 xs.append(j + (i - 2) * 0.08)
                 ys.append(statistics.fmean(losses))
                 es.append(statistics.stdev(losses) if len(losses) > 1 else 0.0)
-        ax.errorbar(xs, ys, yerr=es, fmt="o", color=VARIANT_COLORS[variant], label=variant, capsize=3)
+        ax.errorbar(xs, ys, yerr=es, fmt="o", color=variant_colors()[variant], label=variant, capsize=3)
     ax.set_xticks(range(len(cols)), names)
     ax.set_ylabel("final val loss at best lr (mean ± std, seeds)")
     ax.set_title(f"Axes study: 4 x 128, {_tokens(runs):,} tokens per run")

@@ -47,7 +47,7 @@ def build_rows(groups: dict[str, list[runlib.Run]], paper: dict | None) -> list[
     labels = list(groups)
     if paper:  # the paper's variants we did not run still get a row, so nothing is hidden
         labels += [k for k in list(paper.get("values", {})) + list(paper.get("notes", {})) if k not in labels]
-        if all(lbl in runlib.VARIANT_ORDER for lbl in labels):  # paper-only rows in their usual place
+        if all(lbl in runlib.variant_order() for lbl in labels):  # paper-only rows in their usual place
             labels = runlib.sort_labels(labels)
     for label in labels:
         runs = groups.get(label, [])

@@ -29,7 +29,9 @@ from data.files import atomic_open  # noqa: E402
 # figure. tab10 plus enough distinct extras for every registered variant.
 PALETTE = list(plt.get_cmap("tab10").colors) + ["#000000", "#b8860b", "#00a6a6", "#7b68ee", "#9acd32", "#8b4513",
                                                  "#ff1493", "#2f4f4f", "#6b8e23", "#4682b4"]
-VARIANT_COLORS = dict(zip(runlib.VARIANT_ORDER, PALETTE))
+def variant_colors() -> dict:
+    """One colour per variant, in the registry's order."""
+    return dict(zip(runlib.variant_order(), PALETTE))
 # Curves that are not one variant each (an ablation's points, all of one variant): these, in turn.
 OTHER_COLORS = list(plt.get_cmap("Dark2").colors) + list(plt.get_cmap("Set1").colors)
 
@@ -42,8 +44,8 @@ def group_colors(groups: dict[str, list[runlib.Run]]) -> dict[str, object]:
     colors, spare = {}, 0
     for label in groups:
         norm = next(iter(norms[label])) if len(norms[label]) == 1 else None
-        if norm in VARIANT_COLORS and single.count(norm) == 1:
-            colors[label] = VARIANT_COLORS[norm]
+        if norm in variant_colors() and single.count(norm) == 1:
+            colors[label] = variant_colors()[norm]
         else:
             colors[label] = OTHER_COLORS[spare % len(OTHER_COLORS)]
             spare += 1

@@ -7,6 +7,7 @@ a label: the point label sweep.py recorded in the sweep's `sweep.json`, else the
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -18,11 +19,16 @@ import yaml
 
 from common import perplexity
 from data.files import atomic_write
-from model import VARIANTS
 
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.yaml"
 # Canonical row order for tables and legends: the variant registry's (then anything else, alphabetically).
-VARIANT_ORDER = list(VARIANTS)
+@functools.cache
+def variant_order() -> list[str]:
+    """The registry's variant order (imports the model, and so torch, on first use only: the scripts
+    that only read run dirs start without it)."""
+    from model import VARIANTS
+
+    return list(VARIANTS)
 
 
 @dataclass
@@ -224,7 +230,7 @@ def group_runs(runs: list[Run], order: list[str] | None = None) -> dict[str, lis
 
 
 def sort_labels(labels: Iterable[str], order: list[str] | None = None) -> list[str]:
-    order = list(order or []) + [v for v in VARIANT_ORDER if v not in (order or [])]
+    order = list(order or []) + [v for v in variant_order() if v not in (order or [])]
 
     def key(label: str):
         base = label.split(" (")[0]

@@ -221,14 +221,14 @@ def figures(out: Path, rows: dict[str, dict], order: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from plot_curves import OTHER_COLORS, VARIANT_COLORS
+    from plot_curves import OTHER_COLORS, variant_colors
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for i, cell in enumerate(c for c in order if c in rows):
         r = rows[cell]
         norm = runlib.get_key(r["runs"][0].config, "norm.name")
         plain = cell == norm
-        color = VARIANT_COLORS.get(norm) if plain else OTHER_COLORS[i % len(OTHER_COLORS)]
+        color = variant_colors().get(norm) if plain else OTHER_COLORS[i % len(OTHER_COLORS)]
         xs = sorted(v for v in r["by_value"] if math.isfinite(r["by_value"][v]))
         ax.plot(xs, [r["by_value"][x] for x in xs], "o-" if plain else "s--", color=color, label=cell, ms=4)
     ax.set_xscale("log")
@@ -258,7 +258,7 @@ def trend_figure(out: Path, fit: dict, n_params: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from plot_curves import VARIANT_COLORS
+    from plot_curves import variant_colors
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     widths, depths = _axes(n_params)
@@ -272,7 +272,7 @@ def trend_figure(out: Path, fit: dict, n_params: dict) -> None:
             norm = runlib.get_key(any_point["runs"][0].config, "norm.name")
             ax.errorbar([p for p, _ in pts], [s.mean for _, s in pts],
                         yerr=[[s.mean - (s.lo or s.mean) for _, s in pts], [(s.hi or s.mean) - s.mean for _, s in pts]],
-                        fmt="o-", color=VARIANT_COLORS.get(norm), label=name, capsize=3)
+                        fmt="o-", color=variant_colors().get(norm), label=name, capsize=3)
         ax.set_xscale("log")
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel("final val loss (mean, 95% CI)")
