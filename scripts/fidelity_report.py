@@ -28,8 +28,7 @@ KEY_LR, KEY_MULT = "optim.lr", "optim.groups.scalars.lr_mult"
 def variant_colour(label: str):
     """One stable colour per variant, in the registry's order (labels like 'spheret_p_inf' or
     'geonorm-untied' take their variant's colour)."""
-    from model import VARIANTS
-    names = list(VARIANTS)
+    names = runlib.variant_order()
     base = max((n for n in names if label == n or label.startswith(n + "-") or label.startswith(n + "_")),
                key=len, default=None)
     cmap = plt.get_cmap("tab20")

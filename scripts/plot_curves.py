@@ -12,6 +12,7 @@ are drawn as open circles (only meaningful at the paper's scale).
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import sys
 from pathlib import Path
@@ -29,9 +30,14 @@ from data.files import atomic_open  # noqa: E402
 # figure. tab10 plus enough distinct extras for every registered variant.
 PALETTE = list(plt.get_cmap("tab10").colors) + ["#000000", "#b8860b", "#00a6a6", "#7b68ee", "#9acd32", "#8b4513",
                                                  "#ff1493", "#2f4f4f", "#6b8e23", "#4682b4"]
+
+
+@functools.cache
 def variant_colors() -> dict:
-    """One colour per variant, in the registry's order."""
+    """One colour per variant, in the registry's order (looked up on first use: see runlib.variant_order)."""
     return dict(zip(runlib.variant_order(), PALETTE))
+
+
 # Curves that are not one variant each (an ablation's points, all of one variant): these, in turn.
 OTHER_COLORS = list(plt.get_cmap("Dark2").colors) + list(plt.get_cmap("Set1").colors)
 

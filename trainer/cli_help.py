@@ -49,13 +49,14 @@ def _component_values(group: str, node: dict, readers: dict) -> dict:
         from .schedules import SCHEDULES
         components = {**{n: o.Options for n, o in OPTIMIZERS.items()}, **{n: s.Options for n, s in SCHEDULES.items()}}
         chosen = {node["name"], node["schedule"]}
+    own = {n: defaults(cls) for n, cls in components.items()}  # each component's keys and defaults
     shown = {}
     for k, v in node.items():
-        names = [n for n, cls in components.items() if k in {f.name for f in dataclasses.fields(cls)}]
+        names = [n for n, d in own.items() if k in d]
         first = next((n for n in names if n in chosen), None)
         if first is None:
             first, readers[f"{group}.{k}"] = names[0], f"[{', '.join(names)}] "
-        shown[k] = _filled(v, defaults(components[first])[k])
+        shown[k] = _filled(v, own[first][k])
     return shown
 
 
