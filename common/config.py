@@ -1,8 +1,7 @@
-"""The typed config layer. A component's config is a dataclass beside its code; each field's default,
-one-line doc (its trailing comment) and valid values (its annotation: `max_steps: PosInt = 600`) are
-written there once. `check(self, prefix)`, the first line of every config's `__post_init__`, enforces the
-annotations in one line naming the key; `build` makes a config from a composed group, `defaults` gives
-the Hydra schema (trainer/config_store.py), `field_docs` the `--help` lines."""
+"""The typed config layer. A config is a dataclass beside its component; each field's default, one-line
+doc (its trailing comment) and valid values (its annotation: `max_steps: PosInt = 600`) are written once.
+`check`, first in every config's `__post_init__`, enforces the annotations in one line naming the key;
+`build` makes a config from a composed group, `defaults` gives the Hydra schema, `field_docs` the help."""
 from __future__ import annotations
 
 import dataclasses
@@ -27,9 +26,8 @@ def bad(key: str, value: Any, valid: str, error: Type[UserError] = ConfigError) 
 
 @dataclasses.dataclass(frozen=True)
 class Range:
-    """A number's valid interval, written in its annotation: `Annotated[float, Range(0, 1, "[)")]`.
-    `ends` says which ends are in; an excluded infinite end means the number must be finite. `note` ends
-    the error line (what a special value means: `(0 = no clipping)`)."""
+    """A number's valid interval, in its annotation: `Annotated[float, Range(0, 1, "[)")]`. `ends` says which
+    ends are in (an excluded infinite end: the number must be finite); `note` ends the error line."""
     lo: float = -math.inf
     hi: float = math.inf
     ends: str = "[]"
@@ -40,14 +38,12 @@ class Range:
             (v < self.hi if self.ends[1] == ")" else v <= self.hi)
 
     def text(self, integer: bool) -> str:
-        if math.isinf(self.lo) and math.isinf(self.hi):
-            return "must be a finite number"
-        if math.isfinite(self.lo) and math.isfinite(self.hi):
-            return f"must be in {self.ends[0]}{self.lo:g}, {self.hi:g}{self.ends[1]}"
+        if math.isfinite(self.lo) == math.isfinite(self.hi):
+            return f"must be in {self.ends[0]}{self.lo:g}, {self.hi:g}{self.ends[1]}" if math.isfinite(self.lo) \
+                else "must be a finite number"
         if integer:
             return "must be a positive integer" if self.lo == 1 else f"must be an integer >= {self.lo:g}"
-        finite = "a finite number " if self.ends[1] == ")" else ""
-        return f"must be {finite}{'>' if self.ends[0] == '(' else '>='} {self.lo:g}"
+        return f"must be {'a finite number ' * (self.ends[1] == ')')}{'>' if self.ends[0] == '(' else '>='} {self.lo:g}"
 
 
 PosInt = Annotated[int, Range(1)]                          # an integer >= 1
@@ -56,11 +52,16 @@ Positive = Annotated[float, Range(0, math.inf, "()")]      # a finite number > 0
 NonNeg = Annotated[float, Range(0)]                        # a number >= 0 (.inf allowed)
 Finite = Annotated[float, Range(-math.inf, math.inf, "()")]  # a finite number
 Name = Annotated[str, "non-empty"]                         # a non-empty string
+_TYPE_ERRORS = {bool: "must be true or false", int: "must be an integer", str: "must be a string"}
 
 
 @functools.cache
 def _hints(cls) -> dict:
     return typing.get_type_hints(cls, include_extras=True)
+
+
+def _unwrap(t: Any) -> tuple:
+    return (t.__origin__, t.__metadata__) if typing.get_origin(t) is Annotated else (t, ())
 
 
 def check(obj: Any, prefix: str, error: Type[UserError] = ConfigError) -> None:
@@ -73,39 +74,28 @@ def check(obj: Any, prefix: str, error: Type[UserError] = ConfigError) -> None:
 
 
 def _conform(key: str, v: Any, t: Any, error: Type[UserError]) -> Any:
-    given, meta = v, ()
-    if typing.get_origin(t) is Annotated:
-        t, meta = t.__origin__, t.__metadata__
-    nullable = False
+    (t, meta), given, nullable = _unwrap(t), v, False
     if typing.get_origin(t) in (Union, types.UnionType):
         options = [a for a in typing.get_args(t) if a is not type(None)]
         nullable = len(options) < len(typing.get_args(t))
-        if v is None:
-            return None if nullable else bad(key, v, "must not be null", error)
-        if len(options) > 1:
+        if len(options) > 1 and v is not None:
             return v  # several types (auto|true|false, a glob or a list of globs): the class checks the value
-        t = options[0]
-        if typing.get_origin(t) is Annotated:
-            t, meta = t.__origin__, t.__metadata__
-    if v is None and t is not Any:
-        bad(key, v, "must not be null", error)
+        t, meta = _unwrap(options[0])
+    if v is None:
+        return None if nullable or t is Any else bad(key, v, "must not be null", error)
     if typing.get_origin(t) is Literal:
         # `True == 1` in Python, so compare types too (compile=1 is not compile=true).
         if not any(v == a and type(v) is type(a) for a in typing.get_args(t)):
-            bad(key, v, "valid: " + ", ".join(show_value(a) for a in typing.get_args(t)), error)
-    elif t is bool and not isinstance(v, bool):
-        bad(key, v, "must be true or false", error)
-    elif t is int and (not isinstance(v, int) or isinstance(v, bool)):
-        bad(key, v, "must be an integer", error)
+            bad(key, v, "valid: " + ", ".join(map(show_value, typing.get_args(t))), error)
     elif t is float:
         if isinstance(v, str) and v.strip().lower() in (".inf", "+.inf"):
             v = math.inf  # YAML's spelling of infinity, also accepted on the command line
         if not isinstance(v, (int, float)) or isinstance(v, bool) or math.isnan(v):
             bad(key, v, "must be a number", error)
         v = float(v)
-    elif t is str and not isinstance(v, str):
-        bad(key, v, "must be a string", error)
-    elif t in (tuple, list) or typing.get_origin(t) in (tuple, list):
+    elif t in _TYPE_ERRORS and (not isinstance(v, t) or (t is int and isinstance(v, bool))):
+        bad(key, v, _TYPE_ERRORS[t], error)
+    elif tuple in (t, typing.get_origin(t)) or list in (t, typing.get_origin(t)):
         if not isinstance(v, (list, tuple)):
             bad(key, v, "must be a list", error)
         v = (tuple if tuple in (t, typing.get_origin(t)) else list)(v)
@@ -113,8 +103,7 @@ def _conform(key: str, v: Any, t: Any, error: Type[UserError]) -> Any:
         bad(key, v, "must be a group of keys", error)  # a nested group checked itself when it was made
     for m in meta:
         if isinstance(m, Range) and not m.holds(v):
-            bad(key, given, m.text(t is int) + (" or null" if nullable else "") + (f" {m.note}" if m.note else ""),
-                error)
+            bad(key, given, m.text(t is int) + " or null" * nullable + f" {m.note}" * bool(m.note), error)
         if m == "non-empty" and not v:
             bad(key, v, "must be a non-empty string", error)
     return v
@@ -149,17 +138,15 @@ def defaults(cls) -> dict:
 
 
 def _default(f: dataclasses.Field) -> Any:
-    if f.default is not dataclasses.MISSING:
-        return _plain_value(f.default)
     if f.default_factory is not dataclasses.MISSING:
-        return _plain_value(f.default_factory())
-    return MISSING
+        return _plain(f.default_factory())
+    return MISSING if f.default is dataclasses.MISSING else _plain(f.default)
 
 
-def _plain_value(v: Any) -> Any:
+def _plain(v: Any) -> Any:
     if dataclasses.is_dataclass(v):
-        return {f.name: _plain_value(getattr(v, f.name)) for f in dataclasses.fields(v)}
-    return [_plain_value(x) for x in v] if isinstance(v, (list, tuple)) else v
+        return {f.name: _plain(getattr(v, f.name)) for f in dataclasses.fields(v)}
+    return [_plain(x) for x in v] if isinstance(v, (list, tuple)) else v
 
 
 def build(cls, node: Any, prefix: str, error: Type[UserError] = ConfigError, keys=None, **fixed):
@@ -167,24 +154,22 @@ def build(cls, node: Any, prefix: str, error: Type[UserError] = ConfigError, key
     group keeps the default's other keys. `keys`: the group's valid keys when they are not cls's fields,
     `fixed`: fields that are no keys of the group. The class's `__post_init__` checks the values."""
     data, fs = to_plain(node), {f.name: f for f in dataclasses.fields(cls)}
-    keys = list(keys or fs)
-    unknown = [k for k in data if k not in keys]
+    unknown = [k for k in data if k not in (keys or fs)]
     if unknown:
-        raise error(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}: valid keys are {', '.join(keys)}")
+        raise error(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}: valid keys are "
+                    + ", ".join(keys or fs))
     for key, v in data.items():
-        t = _hints(cls)[key]
-        if dataclasses.is_dataclass(t) and isinstance(v, Mapping):  # a nested group: over its default's keys
-            data[key] = build(t, {**_default(fs[key]), **v}, f"{prefix}.{key}", error)
-    data.update(fixed)
-    missing = [k for k, f in fs.items() if k not in data and _default(f) == MISSING]
+        if dataclasses.is_dataclass(_hints(cls)[key]) and isinstance(v, Mapping):  # over the default's keys
+            data[key] = build(_hints(cls)[key], {**_default(fs[key]), **v}, f"{prefix}.{key}", error)
+    missing = [k for k, f in fs.items() if k not in data and k not in fixed and _default(f) == MISSING]
     if missing:
         raise error(f"missing key {prefix}.{missing[0]}: it has no default, set it")
-    return cls(**data)
+    return cls(**{**data, **fixed})
 
 
 def union_keys(classes) -> dict:
-    """{key: the first class declaring it} over the Options classes of a group's components: the keys of
-    its schema (a group whose components each read their own keys: `norm`, `optim`)."""
+    """{key: the first class declaring it} over the Options classes of a group whose components each read
+    their own keys (`norm`, `optim`): the keys of its schema."""
     out: dict = {}
     for cls in classes:
         for f in dataclasses.fields(cls):
@@ -204,21 +189,16 @@ def own_options(cls, given: Mapping[str, Any], prefix: str, owner: str, known, h
     if typos:
         raise ConfigError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in typos)}: valid keys are {listed}")
     if foreign:
-        bad(f"{prefix}.{foreign[0]}", given[foreign[0]], f"not an option of {owner} (its options: {listed})"
-            + hint.format(key=f"{prefix}.{foreign[0]}"))
+        key = f"{prefix}.{foreign[0]}"
+        bad(key, given[foreign[0]], f"not an option of {owner} (its options: {listed})" + hint.format(key=key))
     return build(cls, given, prefix)
 
 
 def set_values(node: Mapping) -> dict:
     """The values of a group that are set: nulls dropped, in nested groups too (a nested group left all
     null is dropped). In a group whose components read their own keys, null means the component's default."""
-    out = {}
-    for k, v in node.items():
-        if isinstance(v, Mapping):
-            v = set_values(v) or None
-        if v is not None:
-            out[k] = v
-    return out
+    out = {k: set_values(v) or None if isinstance(v, Mapping) else v for k, v in node.items()}
+    return {k: v for k, v in out.items() if v is not None}
 
 
 _FIELD_LINE = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+?)\s*$")
@@ -226,7 +206,7 @@ _FIELD_LINE = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+?)\s*$")
 
 def field_docs(cls) -> dict:
     """{field: its one-line doc}: the trailing `# ...` comment of the field's line in the class source,
-    looked up the class's bases too (an Options class inherits its base's docs)."""
+    looked up in the class's bases too (an Options class inherits its base's docs)."""
     docs: dict = {}
     for c in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):
         try:
@@ -234,9 +214,8 @@ def field_docs(cls) -> dict:
         except (OSError, TypeError):
             continue
         names, own = {f.name for f in dataclasses.fields(c)}, {}
-        for line in lines:
-            m = _FIELD_LINE.match(line)
-            if m and m[1] in names and m[1] not in own:
-                own[m[1]] = m[2]
+        for m in filter(None, map(_FIELD_LINE.match, lines)):
+            if m[1] in names:
+                own.setdefault(m[1], m[2])
         docs.update(own)
     return docs

@@ -1,14 +1,12 @@
-"""Typed, validated data config (the `data` Hydra group): each default and its doc are written here once;
-configs/data/*.yaml hold what differs. Validated once; errors are one line."""
+"""The `data` group, typed and validated once: each default and its doc are written here once."""
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from common.config import Name, NonNegInt, PosInt, Range, bad as common_bad, build, check, to_plain
+from common.config import Name, NonNegInt, PosInt, Range, bad, build, check, to_plain
 
 from .errors import DataError
 from .sources import SOURCES
@@ -45,19 +43,13 @@ class DataConfig:
 
     @classmethod
     def from_any(cls, cfg: Any) -> "DataConfig":
-        """From the composed `data` group (or a dict); absent keys take the defaults above, and a null
-        root is the environment's ($NANONORM_DATA, else data_cache), fixed here once for the run."""
-        if isinstance(cfg, DataConfig):
-            return cfg
-        d = to_plain(cfg)
-        if d.get("root") is None:
-            d["root"] = default_root()
-        return build(cls, d, "data", error=DataError)
+        """From the composed `data` group (or a dict); a null root is fixed here, once for the run, to
+        $NANONORM_DATA, else data_cache."""
+        d = cfg if isinstance(cfg, DataConfig) else to_plain(cfg)
+        return d if isinstance(d, DataConfig) else build(cls, {**d, "root": d.get("root") or default_root()},
+                                                         "data", error=DataError)
 
     def __post_init__(self) -> None:
-        def bad(key, why):
-            common_bad(f"data.{key}", getattr(self, key), why, DataError)
-
         check(self, "data", DataError)
         SOURCES[self.source]  # an unknown name raises one line listing the valid ones
         for key in ("files", "val_files"):
@@ -65,13 +57,15 @@ class DataConfig:
             if isinstance(v, str):
                 setattr(self, key, [v])
             elif v is not None and not (isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v)):
-                bad(key, "must be a glob or a list of globs")
+                bad(f"data.{key}", v, "must be a glob or a list of globs", DataError)
         if self.source == "hf" and not self.path:
-            bad("path", "source=hf needs a dataset path, e.g. HuggingFaceFW/fineweb-edu")
+            bad("data.path", self.path, "source=hf needs a dataset path, e.g. HuggingFaceFW/fineweb-edu", DataError)
         if self.source == "shards" and not (self.path and os.path.isdir(os.path.expanduser(self.path))):
-            bad("path", "source=shards needs the directory holding existing *train_*.bin / *val_*.bin shards")
+            bad("data.path", self.path, "source=shards needs the directory holding existing *train_*.bin / *val_*.bin "
+                "shards", DataError)
         if self.source == "local" and not self.files:
-            bad("files", "source=local needs data.files (a glob or list of globs of .txt/.jsonl/.parquet)")
+            bad("data.files", self.files, "source=local needs data.files (a glob or list of globs of "
+                ".txt/.jsonl/.parquet)", DataError)
 
     @property
     def out_dir(self) -> Path:
@@ -80,8 +74,7 @@ class DataConfig:
         return Path(os.path.expanduser(self.root or default_root())) / "-".join(parts)
 
     def content(self) -> dict:
-        d = dataclasses.asdict(self)
-        return {k: d[k] for k in self.CONTENT_KEYS}
+        return {k: getattr(self, k) for k in self.CONTENT_KEYS}
 
 
 def default_root() -> str:

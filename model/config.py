@@ -1,11 +1,6 @@
-"""GPTConfig: the one typed description of a model, validated once at construction.
-
-Every default of the `model` group is written here once, with its one-line doc; the `norm` group is the
-chosen variant's own options (`Variant.Options` in model/variants.py, built by `norm_options`), so a key
-the variant does not read is one line naming the keys it does. The groups' schemas are derived from
-these classes (trainer/config_store.py), so configs/model/*.yaml and configs/norm/*.yaml state only what
-differs.
-"""
+"""GPTConfig: the one typed description of a model, validated once at construction. The `model` group's
+defaults and docs are written here once; the `norm` group is the chosen variant's own `Options`
+(model/variants.py), so a key the variant does not read is one line naming the keys it does."""
 from __future__ import annotations
 
 import math
@@ -13,19 +8,16 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Annotated, Any, Literal, Mapping, Optional
 
 from common import ConfigError
-from common.config import (Name, PosInt, Range, bad, build, check, defaults, own_options, to_plain,
-                           union_keys)
+from common.config import Name, PosInt, Range, bad, build, check, defaults, own_options, to_plain, union_keys
 
 from .init import INITS
 from .variants import VARIANTS, NormOptions, get_variant
 
 
 def norm_options(node: Any) -> NormOptions:
-    """The `norm` group as the chosen variant's `Options`. A null value is the variant's default; a key
-    the variant does not read fails in one line that names the keys it does."""
-    if isinstance(node, NormOptions):
-        node = asdict(node)
-    given = {k: v for k, v in to_plain(node).items() if v is not None}
+    """The `norm` group as the chosen variant's `Options`; a null value is the variant's default."""
+    given = {k: v for k, v in to_plain(asdict(node) if isinstance(node, NormOptions) else node).items()
+             if v is not None}
     name = given.setdefault("name", NormOptions.name)
     cls = get_variant(name).Options  # an unknown name raises ConfigError listing the valid ones
     opts = own_options(cls, given, "norm", f"norm.name={name}", norm_group_keys())
@@ -83,12 +75,10 @@ class GPTConfig:
     @property
     def hidden_size(self) -> int:
         """MLP hidden width: `mlp_hidden`, else 4d, or for SwiGLU 8d/3 rounded up to a multiple of 64
-        (LLaMA's rule: the same parameter count as a 4d two-matrix MLP, in three matrices)."""
+        (LLaMA's rule: a 4d two-matrix MLP's parameter count, in three matrices)."""
         if self.mlp_hidden is not None:
             return self.mlp_hidden
-        if self.mlp == "swiglu":
-            return -(-8 * self.n_embd // (3 * 64)) * 64
-        return 4 * self.n_embd
+        return -(-8 * self.n_embd // (3 * 64)) * 64 if self.mlp == "swiglu" else 4 * self.n_embd
 
     def to_dict(self) -> dict:
         return asdict(self)  # `norm` as a nested mapping of its keys
@@ -96,17 +86,14 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "GPTConfig":
         """From `to_dict()` (a checkpoint's model_config), also in the flat form of older checkpoints."""
-        d = dict(d)
-        if isinstance(d.get("norm"), str):
-            d = _from_flat(d)
-        return build(cls, d, "model_config")
+        return build(cls, _from_flat(dict(d)) if isinstance(d.get("norm"), str) else d, "model_config")
 
     @classmethod
     def from_hydra(cls, model_cfg: Any, norm_cfg: Any, vocab_size: Optional[int] = None) -> "GPTConfig":
-        """Build from the composed `model` and `norm` groups (OmegaConf nodes or plain dicts); absent keys
-        take the defaults above. `vocab_size` is the tokenizer's (used when model.vocab_size is null)."""
+        """From the composed `model` and `norm` groups (nodes or dicts); absent keys take the defaults above.
+        `vocab_size`: the tokenizer's (used when model.vocab_size is null)."""
         m = to_plain(model_cfg)
-        group = build(ModelGroup, {k: m.pop(k) for k in MODEL_GROUP_KEYS if k in m}, "model")
+        group = build(ModelGroup, {f.name: m.pop(f.name) for f in fields(ModelGroup) if f.name in m}, "model")
         return build(cls, m, "model", keys=model_group_defaults(), vocab_size=group.vocab(vocab_size),
                      norm=norm_options(norm_cfg))
 
@@ -122,9 +109,7 @@ def _from_flat(d: dict) -> dict:
     """An old flat model_config in today's form: the norm keys the variant reads, under `norm`."""
     flat = {key: d.pop(old) for old, key in _FLAT.items() if old in d}
     own = {f.name for f in fields(get_variant(flat["name"]).Options)}
-    norm = {k: v for k, v in flat.items() if k in own}
-    if norm.get("embed_norm") != "scalenorm":
-        norm.pop("learn_radius", None)
+    norm = {k: v for k, v in flat.items() if k in own and (k != "learn_radius" or flat.get("embed_norm") == "scalenorm")}
     if "sublayer_input" in own:                  # written before GeoNorm's default became `norm`
         norm.setdefault("sublayer_input", "raw")
     return {**d, "norm": norm}
@@ -151,17 +136,13 @@ class ModelGroup:
         return self.vocab_size
 
 
-MODEL_GROUP_KEYS = tuple(f.name for f in fields(ModelGroup))
-
-
 def model_group_defaults() -> dict:
-    """The `model` group's keys and defaults (its Hydra schema): GPTConfig's but `norm` (its own group)
-    and those ModelGroup sets (vocab_size), then ModelGroup's."""
-    own = {k: v for k, v in defaults(GPTConfig).items() if k not in ("norm", *MODEL_GROUP_KEYS)}
-    return {**own, **defaults(ModelGroup)}
+    """The `model` group's Hydra schema: GPTConfig's keys but `norm` (its own group), then ModelGroup's."""
+    group = defaults(ModelGroup)
+    return {**{k: v for k, v in defaults(GPTConfig).items() if k != "norm" and k not in group}, **group}
 
 
 def norm_group_defaults() -> dict:
-    """The `norm` group's keys (every registered variant's options) and defaults (its Hydra schema): all
-    null but the name, since each variant has its own defaults (filled in by `norm_options`)."""
-    return {k: (NormOptions.name if k == "name" else None) for k in norm_group_keys()}
+    """The `norm` group's Hydra schema: every variant's keys, null (each variant fills in its own defaults)
+    but the name."""
+    return {k: None for k in norm_group_keys()} | {"name": NormOptions.name}

@@ -1,27 +1,20 @@
-"""Typed train/optim/logging config groups, validated once at start-up.
-
-Each group is a frozen dataclass holding its defaults, their one-line docs and valid values (the only
-place they are written; configs/train, configs/optim and configs/logging hold what differs); a bad value
-raises ConfigError with one line naming the key and what is valid (common/config.py).
-"""
+"""The train, optim and logging groups and the whole run (`RunConfig`), typed and validated once at
+start-up; each default, its doc and its valid values are written once, in the dataclass fields."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Literal, Optional
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from common import ConfigError
-from common.config import PosInt, Range, bad as _bad, build, check
+from common.config import PosInt, Range, bad, build, check
 
 from .optim import GroupConfig, GroupsConfig, OptimConfig, optim_config  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # parse_run_config imports them when it builds them
     from data.config import DataConfig
     from model.config import GPTConfig
-
-__all__ = ["ConfigError", "TrainConfig", "OptimConfig", "LoggingConfig", "WandbConfig", "RunConfig",
-           "optim_config", "parse_run_config"]
 
 
 @dataclass(frozen=True)
@@ -52,7 +45,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check(self, "train")
         if not self.resume:
-            _bad("train.resume", self.resume, "none | auto | path to a ckpt_*.pt")
+            bad("train.resume", self.resume, "none | auto | path to a ckpt_*.pt")
 
 
 @dataclass(frozen=True)
@@ -81,13 +74,13 @@ class LoggingConfig:
     def __post_init__(self) -> None:
         check(self, "logging")
         if not (2 <= self.spike_min_history <= self.spike_window):
-            _bad("logging.spike_min_history", self.spike_min_history,
+            bad("logging.spike_min_history", self.spike_min_history,
                  f"must be in [2, logging.spike_window={self.spike_window}]")
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    """The whole run, typed and validated once at start-up (parse_run_config); the Trainer takes only it."""
+    """The whole run, built by parse_run_config; the Trainer takes only it."""
     train: TrainConfig
     optim: OptimConfig
     logging: LoggingConfig
@@ -99,22 +92,19 @@ class RunConfig:
 
 
 def parse_run_config(cfg: DictConfig) -> RunConfig:
-    """Build and validate every group of the composed Hydra config (raises ConfigError): train, optim,
-    logging, and where the config has them data and the model, at the data's tokenizer's vocabulary (so
-    before any data preparation, which may take long)."""
-    from omegaconf import OmegaConf
-
+    """Every group of the composed config, built and validated (else ConfigError): train, optim, logging,
+    and where present data and the model at the data's tokenizer's vocabulary (before any data preparation)."""
     train, optim = build(TrainConfig, cfg.train, "train"), optim_config(cfg.optim)
     if optim.name == "muon" and train.precision == "fp16":
-        _bad("train.precision", "fp16", "optim=muon runs in bf16 or fp32 (its split Q/K/V updates bypass fp16's "
-                                        "gradient scaler); use train.precision=bf16")
+        bad("train.precision", "fp16", "optim=muon runs in bf16 or fp32 (its split Q/K/V updates bypass fp16's "
+                                       "gradient scaler); use train.precision=bf16")
     model = data = None
     if "data" in cfg:
-        from data import get_tokenizer
         from data.config import DataConfig
 
         data = DataConfig.from_any(cfg.data)
     if "model" in cfg and "norm" in cfg:
+        from data import get_tokenizer
         from model.config import GPTConfig
 
         vocab = get_tokenizer(data.tokenizer).vocab_size if data is not None else 1
@@ -123,8 +113,6 @@ def parse_run_config(cfg: DictConfig) -> RunConfig:
     return RunConfig(train, optim, build(LoggingConfig, cfg.logging, "logging"), model, data,
                      composed.get("out_dir"), composed.get("run_name"), composed)
 
-
-# --- helpers -------------------------------------------------------------------------------------
 
 def grad_accum_steps(batch_tokens: int, micro_batch_size: int, block_size: int, world_size: int) -> int:
     per = micro_batch_size * block_size * world_size
