@@ -1,18 +1,18 @@
-"""EvalConfig: eval.py's options, typed and validated once. Each default and its doc are written here
-once; every key is also a command-line flag (--token-budget 1000 --tasks piqa,arc_easy --split null), and
-`--config FILE` reads a YAML of keys to change first."""
+"""EvalConfig: eval.py's options, typed and validated once. Every key is also a flag (--token-budget 1000
+--tasks piqa,arc_easy --split null), and `--config FILE` reads a YAML of keys to change first."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import typing
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import yaml
 
 from common import ConfigError
-from common.config import NonNegInt, PosInt, Range, bad as common_bad, build, check, field_docs
+from common.config import NonNegInt, PosInt, Range, bad, build, check, field_docs
 from runtime.distributed import PRECISION_CHOICES, precision_name
 
 # lm-eval's zero-shot tasks reported by default (README "Evaluation").
@@ -45,50 +45,28 @@ class EvalConfig:
     wandb: bool = True                    # log to the run's wandb run (its id is in the checkpoint) when there is one
 
     def __post_init__(self) -> None:
-        def bad(key, valid):
-            common_bad(f"eval.{key}", getattr(self, key), valid, EvalConfigError)
-
-        if isinstance(self.tasks, str):
-            self.tasks = [t for t in self.tasks.split(",") if t]
+        if isinstance(self.tasks, str):  # a flag's comma list; none, null or [] for no tasks
+            self.tasks = [] if self.tasks.lower() in ("none", "null", "[]") else [t.strip() for t in self.tasks.split(",")]
+            self.tasks = [t for t in self.tasks if t]
         check(self, "eval", EvalConfigError)
         if self.limit is not None and self.limit >= 1:
             if self.limit != int(self.limit):
-                bad("limit", "must be an integer when >= 1 (a number of documents; < 1: a fraction)")
+                bad("eval.limit", self.limit, "must be an integer when >= 1 (a number of documents; < 1: a fraction)",
+                    EvalConfigError)
             self.limit = int(self.limit)
         if not all(isinstance(t, str) and t for t in self.tasks):
-            bad("tasks", "must be a list of lm-eval task names (empty: no zero-shot tasks)")
+            bad("eval.tasks", self.tasks, "must be a list of lm-eval task names (empty: no zero-shot tasks)",
+                EvalConfigError)
         if precision_name(self.dtype) is None:
-            bad("dtype", f"valid: {', '.join(PRECISION_CHOICES)} (train.precision's names)")
+            bad("eval.dtype", self.dtype, f"valid: {', '.join(PRECISION_CHOICES)} (train.precision's names)",
+                EvalConfigError)
         self.dtype = precision_name(self.dtype)
         if self.include_path is not None and not Path(self.include_path).is_dir():
-            bad("include_path", "must be an existing directory of lm-eval task YAMLs")
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "EvalConfig":
-        """From a mapping of keys to values; absent keys take the defaults above."""
-        return build(cls, d, "eval", error=EvalConfigError)
+            bad("eval.include_path", self.include_path, "must be an existing directory of lm-eval task YAMLs",
+                EvalConfigError)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def _parse_value(key: str, text: str) -> Any:
-    """Flag text -> value, read as YAML (null, true, 3, 0.5); `tasks` also takes a comma list."""
-    if key == "tasks":
-        return [] if text.strip().lower() in ("", "none", "null", "[]") else [t.strip() for t in text.split(",") if t.strip()]
-    v = yaml.safe_load(text)
-    return str(v) if key in ("split", "data_dir", "include_path", "out", "device") and v is not None else v
-
-
-def _read_yaml(path) -> dict:
-    path = Path(path)
-    try:
-        d = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise EvalConfigError(f"cannot read eval config {path}: {e}") from None
-    if not isinstance(d, dict):
-        raise EvalConfigError(f"eval config {path} must be a mapping of keys to values")
-    return d
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -98,14 +76,22 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     for f in fields(EvalConfig):
         shown = ",".join(default.tasks) if f.name == "tasks" else yaml.safe_dump(getattr(default, f.name)).split("\n")[0]
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="VALUE",
-                            help=f"{docs.get(f.name, f.name)} (default: {shown}; a YAML value, 'null' unsets)"
-                            .replace("%", "%%"))
+                            help=f"{docs[f.name]} (default: {shown}; a YAML value, 'null' unsets)".replace("%", "%%"))
 
 
 def from_args(args: argparse.Namespace) -> EvalConfig:
-    base = _read_yaml(args.config) if args.config else {}
+    """The config: `--config FILE`'s keys, then each flag's value read as YAML (null, true, 3, 0.5); a
+    string-valued key keeps its text, `tasks` its comma list."""
+    try:
+        base = yaml.safe_load(Path(args.config).read_text()) or {} if args.config else {}
+    except (OSError, yaml.YAMLError) as e:
+        raise EvalConfigError(f"cannot read eval config {args.config}: {e}") from None
+    if not isinstance(base, dict):
+        raise EvalConfigError(f"eval config {args.config} must be a mapping of keys to values")
+    hints = typing.get_type_hints(EvalConfig)
     for f in fields(EvalConfig):
         text = getattr(args, f.name)
         if text is not None:
-            base[f.name] = _parse_value(f.name, text)
-    return EvalConfig.from_dict(base)
+            v = yaml.safe_load(text)
+            base[f.name] = text if f.name == "tasks" or (v is not None and hints[f.name] in (str, Optional[str])) else v
+    return build(EvalConfig, base, "eval", error=EvalConfigError)

@@ -1,16 +1,12 @@
-"""What Hydra composes from code rather than from YAML: the config schema and the code-only variants.
-
-`base_config` (first in configs/config.yaml's defaults list) holds every key of the `model`, `norm`,
-`data`, `train`, `optim` and `logging` groups at its dataclass default (common.config.defaults), so a
-YAML file holds only what differs, any key can be overridden without `+`, and a misspelt key in a YAML
-file fails at composition. The dataclasses are the single place defaults are written.
-
-A variant registered with `@register("name")` and no configs/norm/<name>.yaml is still a `norm=<name>`
-option (its group is just `name: <name>`; every other key comes from the schema). So a new variant is
-its class and its test; the YAML is optional (add one for a comment or for settings that differ).
-"""
+"""What Hydra composes from code rather than YAML, and its errors as one line. `base_config` (first in
+configs/config.yaml's defaults) holds every key of every group at its dataclass default, so a YAML file
+holds only what differs, any key is overridden without `+`, and a misspelt key fails at composition. A
+variant registered in code without a configs/norm/<name>.yaml is still a `norm=<name>` option."""
 from __future__ import annotations
 
+import os
+import sys
+import traceback
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
@@ -29,33 +25,30 @@ def group_defaults() -> dict:
             "train": defaults(TrainConfig), "optim": optim_group_defaults(), "logging": defaults(LoggingConfig)}
 
 
+def _schema() -> list:
+    """[the groups' defaults, the registered variants]: what composition needs (cached by the CLI)."""
+    from model.variants import VARIANTS
+
+    return [group_defaults(), list(VARIANTS)]
+
+
 def register_code_configs(config_dir: Path = CONFIG_DIR, from_cache: bool = False) -> list[str]:
-    """Store the `base_config` schema, and a `norm` group option for every registered variant without a
-    YAML; returns those variants' names. Call before Hydra composes. `from_cache` (train.py): both as
-    the sources give them (trainer/cli_cache.py), without importing the model and torch."""
+    """Store the `base_config` schema and a `norm=<name>` option for each variant without a YAML (returns
+    their names); call before Hydra composes. `from_cache` (train.py): without importing torch."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    if from_cache:
-        from .cli_cache import cached
-        groups, variants = cached("schema", lambda: [group_defaults(), _variants()])
-    else:
-        groups, variants = group_defaults(), _variants()
-    # Closed keys (a typo fails at composition) but untyped values: `check` is the one type check.
-    schema = OmegaConf.create(groups)
+    from .cli_cache import cached
+
+    groups, variants = cached("schema", _schema) if from_cache else _schema()
+    schema = OmegaConf.create(groups)  # closed keys (a typo fails here), untyped values (`check` types them)
     for group in groups:
         OmegaConf.set_struct(schema[group], True)
     ConfigStore.instance().store(name="base_config", node=schema)
-    stored = [name for name in variants if not (config_dir / "norm" / f"{name}.yaml").is_file()]
+    stored = [name for name in variants if not (Path(config_dir) / "norm" / f"{name}.yaml").is_file()]
     for name in stored:
         ConfigStore.instance().store(group="norm", name=name, node={"name": name})
     return stored
-
-
-def _variants() -> list[str]:
-    from model.variants import VARIANTS
-
-    return list(VARIANTS)
 
 
 def composition_error_line(e: BaseException, groups: dict | None = None) -> str:
@@ -79,12 +72,8 @@ def composition_error_line(e: BaseException, groups: dict | None = None) -> str:
 
 
 def run_hydra(hydra_main) -> None:
-    """Run a @hydra.main entry point with composition errors reported like every other user error: one
-    line on stderr, exit status 2 (HYDRA_FULL_ERROR=1 keeps Hydra's own report). Errors raised once the
-    task runs are the task's (train.py reports its user errors itself; a bug keeps its traceback)."""
-    import os
-    import sys
-
+    """Run a @hydra.main entry point with composition errors and an uncreatable run dir reported as one
+    line and exit status 2 (HYDRA_FULL_ERROR=1 keeps Hydra's own report); the task reports its own."""
     from hydra.errors import ConfigCompositionException, OverrideParseException
 
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -94,22 +83,14 @@ def run_hydra(hydra_main) -> None:
         hydra_main()
     except (ConfigCompositionException, OverrideParseException) as e:
         from .cli_cache import cached
-        groups, _ = cached("schema", lambda: [group_defaults(), _variants()])
-        print(f"error: {composition_error_line(e, groups)}", file=sys.stderr)
+
+        print(f"error: {composition_error_line(e, cached('schema', _schema)[0])}", file=sys.stderr)
         raise SystemExit(2) from None
     except OSError as e:
-        if not _raised_by_hydra_before_the_task(e):
-            raise
+        frames = [f.filename for f in traceback.extract_tb(e.__traceback__)]
+        hydra = [i for i, name in enumerate(frames) if "/hydra/" in name]
+        if not hydra or any(name.startswith(str(CONFIG_DIR.parent)) for name in frames[hydra[-1] + 1:]):
+            raise  # not Hydra's own mkdir of the run dir, before the task
         print(f"error: cannot create the run dir {e.filename} ({e.strerror or e}), chosen by out_dir: pass a "
               "writable out_dir=... (default runs/<run_name>)", file=sys.stderr)
         raise SystemExit(2) from None
-
-
-def _raised_by_hydra_before_the_task(e: BaseException) -> bool:
-    """Whether `e` came from Hydra's own set-up of a job (its mkdir of the run dir), not from the task."""
-    import traceback
-
-    frames = [f.filename for f in traceback.extract_tb(e.__traceback__)]
-    hydra = [i for i, name in enumerate(frames) if "/hydra/" in name]
-    repo = str(CONFIG_DIR.parent)
-    return bool(hydra) and not any(name.startswith(repo) for name in frames[hydra[-1] + 1:])
