@@ -45,9 +45,12 @@ class DataConfig:
     def from_any(cls, cfg: Any) -> "DataConfig":
         """From the composed `data` group (or a dict); a null root is fixed here, once for the run, to
         $NANONORM_DATA, else data_cache."""
-        d = cfg if isinstance(cfg, DataConfig) else to_plain(cfg)
-        return d if isinstance(d, DataConfig) else build(cls, {**d, "root": d.get("root") or default_root()},
-                                                         "data", error=DataError)
+        if isinstance(cfg, DataConfig):
+            return cfg
+        d = to_plain(cfg)
+        if d.get("root") is None:
+            d["root"] = default_root()
+        return build(cls, d, "data", error=DataError)
 
     def __post_init__(self) -> None:
         check(self, "data", DataError)

@@ -46,7 +46,8 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         if isinstance(self.tasks, str):  # a flag's comma list; none, null or [] for no tasks
-            self.tasks = [] if self.tasks.lower() in ("none", "null", "[]") else [t.strip() for t in self.tasks.split(",")]
+            none = self.tasks.strip().lower() in ("none", "null", "[]")
+            self.tasks = [] if none else [t.strip() for t in self.tasks.split(",")]
             self.tasks = [t for t in self.tasks if t]
         check(self, "eval", EvalConfigError)
         if self.limit is not None and self.limit >= 1:

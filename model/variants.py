@@ -396,7 +396,7 @@ class GeoNorm(_SphereVariant):
     @dataclass
     class Options(SphereOptions):
         decay: str = "harmonic"       # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
-        clamp: Annotated[float, Range(0, math.pi, "(]")] = math.pi / 4  # angle clamp c (pi/4)
+        clamp: Annotated[float, Range(0, math.pi, "(]", "(3.14159 = pi)")] = math.pi / 4  # angle clamp c (pi/4)
         a_init: Finite = 1.0          # a at init
         # Attention and the MLP read Norm(h): GeoNorm's stream keeps the embedding's radius, so the raw h
         # (the other choice, `raw`) makes its first attention logits ~1e-3 of Pre-LN's (our choice; the
