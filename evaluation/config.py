@@ -92,7 +92,12 @@ def from_args(args: argparse.Namespace) -> EvalConfig:
     hints = typing.get_type_hints(EvalConfig)
     for f in fields(EvalConfig):
         text = getattr(args, f.name)
-        if text is not None:
+        if text is None:
+            continue
+        keep = f.name == "tasks" or hints[f.name] in (str, Optional[str])  # keeps its text unless null
+        try:
             v = yaml.safe_load(text)
-            base[f.name] = text if f.name == "tasks" or (v is not None and hints[f.name] in (str, Optional[str])) else v
+        except yaml.YAMLError:
+            v = text if keep else bad(f"eval.{f.name}", text, "not a YAML value", EvalConfigError)
+        base[f.name] = text if keep and (v is not None or f.name == "tasks") else v
     return build(EvalConfig, base, "eval", error=EvalConfigError)
