@@ -109,7 +109,9 @@ def _from_flat(d: dict) -> dict:
     """An old flat model_config in today's form: the norm keys the variant reads, under `norm`."""
     flat = {key: d.pop(old) for old, key in _FLAT.items() if old in d}
     own = {f.name for f in fields(get_variant(flat["name"]).Options)}
-    norm = {k: v for k, v in flat.items() if k in own and (k != "learn_radius" or flat.get("embed_norm") == "scalenorm")}
+    norm = {k: v for k, v in flat.items() if k in own}
+    if norm.get("embed_norm") != "scalenorm":    # a radius flag without a ScaleNorm was never read
+        norm.pop("learn_radius", None)
     if "sublayer_input" in own:                  # written before GeoNorm's default became `norm`
         norm.setdefault("sublayer_input", "raw")
     return {**d, "norm": norm}
