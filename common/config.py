@@ -38,12 +38,14 @@ class Range:
             (v < self.hi if self.ends[1] == ")" else v <= self.hi)
 
     def text(self, integer: bool) -> str:
-        if math.isfinite(self.lo) == math.isfinite(self.hi):
-            return f"must be in {self.ends[0]}{self.lo:g}, {self.hi:g}{self.ends[1]}" if math.isfinite(self.lo) \
-                else "must be a finite number"
+        if math.isinf(self.lo) and math.isinf(self.hi):
+            return "must be a finite number"
+        if math.isfinite(self.lo) and math.isfinite(self.hi):
+            return f"must be in {self.ends[0]}{self.lo:g}, {self.hi:g}{self.ends[1]}"
         if integer:
             return "must be a positive integer" if self.lo == 1 else f"must be an integer >= {self.lo:g}"
-        return f"must be {'a finite number ' * (self.ends[1] == ')')}{'>' if self.ends[0] == '(' else '>='} {self.lo:g}"
+        finite = "a finite number " if self.ends[1] == ")" else ""
+        return f"must be {finite}{'>' if self.ends[0] == '(' else '>='} {self.lo:g}"
 
 
 PosInt = Annotated[int, Range(1)]                          # an integer >= 1
@@ -103,7 +105,8 @@ def _conform(key: str, v: Any, t: Any, error: Type[UserError]) -> Any:
         bad(key, v, "must be a group of keys", error)  # a nested group checked itself when it was made
     for m in meta:
         if isinstance(m, Range) and not m.holds(v):
-            bad(key, given, m.text(t is int) + " or null" * nullable + f" {m.note}" * bool(m.note), error)
+            bad(key, given, m.text(t is int) + (" or null" if nullable else "") + (f" {m.note}" if m.note else ""),
+                error)
         if m == "non-empty" and not v:
             bad(key, v, "must be a non-empty string", error)
     return v
