@@ -94,10 +94,13 @@ def from_args(args: argparse.Namespace) -> EvalConfig:
         text = getattr(args, f.name)
         if text is None:
             continue
-        keep = f.name == "tasks" or hints[f.name] in (str, Optional[str])  # keeps its text unless null
+        if f.name == "tasks":
+            base[f.name] = text  # a comma list (EvalConfig splits it)
+            continue
+        is_str = hints[f.name] in (str, Optional[str])
         try:
             v = yaml.safe_load(text)
         except yaml.YAMLError:
-            v = text if keep else bad(f"eval.{f.name}", text, "not a YAML value", EvalConfigError)
-        base[f.name] = text if keep and (v is not None or f.name == "tasks") else v
+            v = text if is_str else bad(f"eval.{f.name}", text, "not a YAML value", EvalConfigError)
+        base[f.name] = text if is_str and v is not None else v  # a string key keeps its text unless null
     return build(EvalConfig, base, "eval", error=EvalConfigError)
