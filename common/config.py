@@ -162,8 +162,9 @@ def build(cls, node: Any, prefix: str, error: Type[UserError] = ConfigError, key
         raise error(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}: valid keys are "
                     + ", ".join(keys or fs))
     for key, v in data.items():
-        if dataclasses.is_dataclass(_hints(cls)[key]) and isinstance(v, Mapping):  # over the default's keys
-            data[key] = build(_hints(cls)[key], {**_default(fs[key]), **v}, f"{prefix}.{key}", error)
+        t = _hints(cls)[key]
+        if dataclasses.is_dataclass(t) and isinstance(v, Mapping):  # a nested group: over its default's keys
+            data[key] = build(t, {**_default(fs[key]), **v}, f"{prefix}.{key}", error)
     missing = [k for k, f in fs.items() if k not in data and k not in fixed and _default(f) == MISSING]
     if missing:
         raise error(f"missing key {prefix}.{missing[0]}: it has no default, set it")
@@ -200,8 +201,13 @@ def own_options(cls, given: Mapping[str, Any], prefix: str, owner: str, known, h
 def set_values(node: Mapping) -> dict:
     """The values of a group that are set: nulls dropped, in nested groups too (a nested group left all
     null is dropped). In a group whose components read their own keys, null means the component's default."""
-    out = {k: set_values(v) or None if isinstance(v, Mapping) else v for k, v in node.items()}
-    return {k: v for k, v in out.items() if v is not None}
+    out = {}
+    for k, v in node.items():
+        if isinstance(v, Mapping):
+            v = set_values(v) or None
+        if v is not None:
+            out[k] = v
+    return out
 
 
 _FIELD_LINE = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+?)\s*$")

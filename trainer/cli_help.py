@@ -4,21 +4,30 @@ drift from what a run uses. In `norm` and `optim`, whose components read their o
 default components do not read shows its first reader's default, after the names of its readers."""
 from __future__ import annotations
 
-import dataclasses
+import functools
 import re
 import typing
 from pathlib import Path
 
 
+@functools.cache
+def _about(cls) -> tuple[dict, dict]:
+    """(type hints, field docs) of a config class: read once per class, not once per key."""
+    from common.config import field_docs
+
+    return typing.get_type_hints(cls), field_docs(cls)
+
+
 def _key_lines(key: str, value, default, cls, name: str, tag: str) -> list[str]:
     """The help line of `key` (field `name` of `cls`), one per leaf of a nested group; null shows `default`."""
-    from common.config import field_docs, literal_choices, show_value
+    from common.config import literal_choices, show_value
 
-    t = typing.get_type_hints(cls)[name]
+    hints, docs = _about(cls)
+    t = hints[name]
     if isinstance(value, dict):
         return [line for k, v in value.items() for line in _key_lines(f"{key}.{k}", v, default[k], t, k, tag)]
     choices = literal_choices(t)
-    doc = (f"{{{' | '.join(map(show_value, choices))}}} " if choices else "") + field_docs(cls).get(name, "")
+    doc = (f"{{{' | '.join(map(show_value, choices))}}} " if choices else "") + docs.get(name, "")
     value = default if value is None else value
     return [f"{f'  {key}={show_value(list(value) if isinstance(value, tuple) else value)}':<40} {tag}{doc}".rstrip()]
 
@@ -37,15 +46,17 @@ def config_help(config_dir: Path) -> str:
     from .optim import OPTIMIZERS
     from .schedules import SCHEDULES
 
-    top = (Path(config_dir) / "config.yaml").read_text()
+    config_dir = Path(config_dir)
+    top = (config_dir / "config.yaml").read_text()
     picked = dict(re.findall(r"^\s*-\s*(\w+):\s*(\w+)", top, flags=re.M))
     register_code_configs(config_dir, from_cache=True)  # also caches the schema for train.py's next start
-    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+    with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
         cfg = OmegaConf.to_container(compose("config"), resolve=False)
     readers = {"train": [("", TrainConfig)], "logging": [("", LoggingConfig)], "data": [("", DataConfig)],
                "model": [("", ModelGroup), ("", GPTConfig)],  # (component name, its Options)
                "norm": [(n, v.Options) for n, v in VARIANTS.items()],
                "optim": [(n, c.Options) for n, c in [*OPTIMIZERS.items(), *SCHEDULES.items()]]}
+    own = {cls: defaults(cls) for rs in readers.values() for _, cls in rs}  # each class's keys and defaults, once
     lines = ["usage: python train.py [group=option ...] [key=value ...]",
              "       torchrun --nproc_per_node=N train.py ...    (DDP; see README)",
              "",
@@ -54,7 +65,7 @@ def config_help(config_dir: Path) -> str:
              "",
              "Config groups (default in brackets):"]
     for group in sorted(picked):
-        choices = sorted(p.stem for p in (Path(config_dir) / group).glob("*.yaml"))
+        choices = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
         if choices:
             lines.append(f"  {group + '=':<12} " + ", ".join(f"[{c}]" if c == picked[group] else c for c in choices))
     lines += ["", "Options (key=default  doc), as the default groups compose them:"]
@@ -63,10 +74,10 @@ def config_help(config_dir: Path) -> str:
         node = cfg[group]
         chosen = {"", node.get("name"), node.get("schedule")}
         for key, value in node.items():
-            mine = [(n, c) for n, c in readers[group] if key in {f.name for f in dataclasses.fields(c)}]
+            mine = [(n, c) for n, c in readers[group] if key in own[c]]
             name, cls = next(((n, c) for n, c in mine if n in chosen), mine[0])
             tag = "" if name in chosen else f"[{', '.join(n for n, _ in mine)}] "
-            default = defaults(cls)[key] if name else value  # a component's own key: null is its default
+            default = own[cls][key] if name else value  # a component's own key: null is its default
             lines += _key_lines(f"{group}.{key}", value, default, cls, key, tag)
     lines += ["", "Top level (where the run goes):"]
     for key in ("run_name", "out_dir"):
