@@ -73,8 +73,8 @@ def run_with_a_nan_step(tmp_path, *overrides):
 
     Constant schedule inside its warmup: the LR moves with every applied update, so a skipped step
     that advanced the schedule would show."""
-    common = [*overrides, "optim.schedule=constant", "optim.decay_frac=null", "optim.warmup_steps=10",
-              "train.ckpt_interval=1", "train.keep_last=9"]  # null: optim=muon's wsd setting, unread by constant
+    common = [*overrides, "optim.schedule=constant", "optim.warmup_steps=10", "train.ckpt_interval=1",
+              "train.keep_last=9"]
     train(make_cfg(tmp_path / "nan", *common, "train.max_steps=4", "train.inject_nan_at=3"))
     train(make_cfg(tmp_path / "clean", *common, "train.max_steps=2"))
     nan = ck.load_checkpoint(ck.ckpt_path(tmp_path / "nan", 3))

@@ -132,6 +132,8 @@ def test_yaml_files_hold_only_what_differs_from_the_defaults():
             if group == "norm":  # a variant's file states what differs from that variant's own defaults
                 own = asdict(VARIANTS[content["name"]].Options(name=content["name"]))
             for key, value in _leaves({k: v for k, v in content.items() if k != "defaults"}):
+                if group == "optim" and key.startswith("schedule."):  # a nested schedule: its name and keys
+                    key = "schedule" if key == "schedule.name" else key.removeprefix("schedule.")
                 assert key in flat[group], f"{path.name}: {group}.{key} is not a key"
                 assert key == "name" or value != own[key], f"{path.name}: {group}.{key} restates its default"
     for path in sorted((CONFIGS / "arch").glob("*.yaml")):  # presets: model.* axes and norm.kind
@@ -213,8 +215,15 @@ def test_optimizer_and_schedule_keys_belong_to_their_component():
     from trainer.schedules import SCHEDULES
 
     with pytest.raises(ConfigError, match=r"^bad config optim.decay_frac=0.4: not an option of optim.schedule=cosine "
-                                          r"\(its options: none\); optim.decay_frac=null drops a value"):
+                                          r"\(its options: none\); optim.decay_frac=null drops a value a config file set$"):
         optim_config({"name": "muon", "schedule": "cosine", "decay_frac": 0.4})
+    # optim=muon's file nests its schedule's keys, so naming another schedule drops them with it
+    assert parse_run_config(composed("optim=muon")).optim.schedule == SCHEDULES["wsd"].Options(name="wsd", decay_frac=0.4)
+    assert parse_run_config(composed("optim=muon", "optim.schedule=cosine")).optim.schedule.name == "cosine"
+    for override in ("optim.decay_frac=0.3", "optim.schedule.decay_frac=0.3"):  # the command line wins
+        assert parse_run_config(composed("optim=muon", override)).optim.schedule.decay_frac == 0.3
+    with pytest.raises(ConfigError, match=r"^bad config optim.decay_frac=0.4: not an option of optim.schedule=constant"):
+        optim_config({"schedule": {"name": "constant", "decay_frac": 0.4}})
     assert optim_config({"name": "muon", "schedule": "cosine", "decay_frac": None}).schedule == SCHEDULES["cosine"].Options()
     assert optim_config({"schedule": "wsd", "decay_frac": 0.4}).schedule.decay_frac == 0.4
     with pytest.raises(ConfigError, match=r"^bad config optim.muon=\{'lr': 0.1\}: not an option of optim.name=adamw"):

@@ -72,6 +72,8 @@ def config_help(config_dir: Path) -> str:
     for group in ("train", "optim", "logging", "model", "norm", "data"):
         lines += ["", f"{group}.*  (defaults: {group}={picked.get(group, '')})"]
         node = cfg[group]
+        if isinstance(node.get("schedule"), dict):  # a file's nested schedule: shown as on the command line
+            node = {**node, **node["schedule"], "name": node["name"], "schedule": node["schedule"]["name"]}
         chosen = {"", node.get("name"), node.get("schedule")}
         for key, value in node.items():
             mine = [(n, c) for n, c in readers[group] if key in own[c]]

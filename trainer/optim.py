@@ -56,7 +56,8 @@ class GroupsConfig:
 class OptimConfig:
     """The `optim.*` keys every optimizer reads. Each optimizer's Options (below) extends it with
     its own keys; `schedule` is the LR schedule's Options (its name on the command line, `optim.schedule`,
-    its keys beside the others: `optim.decay_frac`). `optim_config` builds the pair from the group."""
+    its keys beside the others: `optim.decay_frac`; a file may nest them, `schedule: {name: wsd,
+    decay_frac: 0.4}`, so that naming another schedule drops them). `optim_config` builds the pair."""
     name: str = "adamw"                   # the optimizer: adamw | muon (Muon for the matrices group, AdamW for the rest)
     lr: Annotated[float, Range(0, math.inf, "(]")] = 1e-3  # peak learning rate of the schedule
     min_lr: NonNeg = 1e-4                 # floor: cosine decays to it, wsd's final decay ends at it
@@ -75,16 +76,17 @@ class OptimConfig:
 def optim_config(node: Any = None) -> OptimConfig:
     """The `optim` group as the chosen optimizer's Options, holding the chosen schedule's. A null value is
     the component's default; a key that only another optimizer or schedule reads is one line naming the
-    chosen one and its keys (`optim.decay_frac=null` drops a file's value for a schedule without it)."""
+    chosen one and its keys (`optim.decay_frac=null` drops a file's top-level value)."""
     plain, shared = to_plain(node or {}), {f.name for f in dataclasses.fields(OptimConfig)}
     given = {**set_values({k: v for k, v in plain.items() if k not in shared}),
              **{k: v for k, v in plain.items() if k in shared and v is not None}}
     name, sched = given.pop("name", OptimConfig.name), given.pop("schedule", ScheduleOptions.name)
-    if isinstance(sched, Mapping):  # asdict of an OptimConfig: the schedule nested under its name
-        given, sched = {**given, **{k: v for k, v in sched.items() if k != "name"}}, sched["name"]
+    if isinstance(sched, Mapping):  # a file's `schedule: {name: wsd, decay_frac: 0.4}`, or asdict of an OptimConfig
+        nested = {k: v for k, v in sched.items() if k != "name" and v is not None}
+        given, sched = {**nested, **given}, sched.get("name", ScheduleOptions.name)  # optim.<key> wins
     schedules = union_keys(s.Options for s in SCHEDULES.values())
     mine = {k: given.pop(k) for k in list(given) if k in schedules}
-    hint = "; {key}=null drops a value a config file set (optim=muon sets decay_frac)"
+    hint = "; {key}=null drops a value a config file set"
     schedule = own_options(SCHEDULES[sched].Options, {"name": sched, **mine}, "optim", f"optim.schedule={sched}",
                            schedules, hide=("name",), hint=hint)
     return own_options(OPTIMIZERS[name].Options, {"name": name, **given, "schedule": schedule}, "optim",
