@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
@@ -36,10 +36,12 @@ class DataConfig:
     num_workers: Optional[PosInt] = None  # tokenizer processes; null = all cores
     batch_docs: PosInt = 256          # documents per worker task
 
-    # keys that change the prepared tokens: recorded in meta.json, compared on reuse
-    CONTENT_KEYS = ("tokenizer", "source", "path", "subset", "revision", "split", "val_split", "text_column",
-                    "files", "val_files", "txt_sample_by", "val_fraction", "val_min_tokens", "split_seed", "shard_size",
-                    "max_docs")
+    @classmethod
+    def content_keys(cls) -> list[str]:
+        """The keys that change the prepared tokens (recorded in meta.json, compared on reuse): all but
+        the name, where the data lives and how fast it is read (a new key counts, to be safe)."""
+        return [f.name for f in fields(cls) if f.name not in ("name", "root", "streaming", "cache_dir", "num_workers",
+                                                             "batch_docs")]
 
     @classmethod
     def from_any(cls, cfg: Any) -> "DataConfig":
@@ -77,7 +79,7 @@ class DataConfig:
         return Path(os.path.expanduser(self.root or default_root())) / "-".join(parts)
 
     def content(self) -> dict:
-        return {k: getattr(self, k) for k in self.CONTENT_KEYS}
+        return {k: getattr(self, k) for k in self.content_keys()}
 
 
 def default_root() -> str:

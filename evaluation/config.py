@@ -45,10 +45,9 @@ class EvalConfig:
     wandb: bool = True                    # log to the run's wandb run (its id is in the checkpoint) when there is one
 
     def __post_init__(self) -> None:
-        if isinstance(self.tasks, str):  # a flag's comma list; none, null or [] for no tasks
-            none = self.tasks.strip().lower() in ("none", "null", "[]")
-            self.tasks = [] if none else [t.strip() for t in self.tasks.split(",")]
-            self.tasks = [t for t in self.tasks if t]
+        if self.tasks is None or isinstance(self.tasks, str):  # a flag's comma list; none, null or [] for no tasks
+            none = self.tasks is None or self.tasks.strip().lower() in ("none", "[]")
+            self.tasks = [] if none else [t.strip() for t in self.tasks.split(",") if t.strip()]
         check(self, "eval", EvalConfigError)
         if self.limit is not None and self.limit >= 1:
             if self.limit != int(self.limit):
@@ -81,8 +80,8 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def from_args(args: argparse.Namespace) -> EvalConfig:
-    """The config: `--config FILE`'s keys, then each flag's value read as YAML (null, true, 3, 0.5); a
-    string-valued key keeps its text, `tasks` its comma list."""
+    """The config: `--config FILE`'s keys, then each flag's value: YAML for a number or a switch (3, 0.5,
+    true), the text for a name, a path or `tasks` (a comma list); null for any (for `tasks`: none)."""
     try:
         base = yaml.safe_load(Path(args.config).read_text()) or {} if args.config else {}
     except (OSError, yaml.YAMLError) as e:
@@ -90,17 +89,11 @@ def from_args(args: argparse.Namespace) -> EvalConfig:
     if not isinstance(base, dict):
         raise EvalConfigError(f"eval config {args.config} must be a mapping of keys to values")
     hints = typing.get_type_hints(EvalConfig)
-    for f in fields(EvalConfig):
-        text = getattr(args, f.name)
-        if text is None:
-            continue
-        if f.name == "tasks":
-            base[f.name] = text  # a comma list (EvalConfig splits it)
-            continue
-        is_str = hints[f.name] in (str, Optional[str])
-        try:
-            v = yaml.safe_load(text)
-        except yaml.YAMLError:
-            v = text if is_str else bad(f"eval.{f.name}", text, "not a YAML value", EvalConfigError)
-        base[f.name] = text if is_str and v is not None else v  # a string key keeps its text unless null
+    for name, text in ((f.name, getattr(args, f.name)) for f in fields(EvalConfig)):
+        if text is not None:
+            try:
+                v = yaml.safe_load(text)
+            except yaml.YAMLError:
+                v = text  # no YAML value: a number's or a switch's check names the key
+            base[name] = text if hints[name] in (str, Optional[str], list) and v is not None else v
     return build(EvalConfig, base, "eval", error=EvalConfigError)

@@ -296,9 +296,11 @@ def test_eval_config_file_then_flags(tmp_path):
         from_args(parser.parse_args(["--config", str(f)]))
     with pytest.raises(EvalConfigError, match=r"^cannot read eval config .*missing.yaml"):
         from_args(parser.parse_args(["--config", str(tmp_path / "missing.yaml")]))
-    with pytest.raises(EvalConfigError, match=r"^bad config eval.limit='\[1': not a YAML value$"):
+    with pytest.raises(EvalConfigError, match=r"^bad config eval.limit='\[1': must be a number$"):
         from_args(parser.parse_args(["--limit", "[1"]))
     assert from_args(parser.parse_args(["--split", "[x", "--out", "a: b"])).split == "[x"  # a string key keeps its text
+    for text, tasks in (("piqa, arc_easy", ["piqa", "arc_easy"]), ("null", []), ("none", []), ("[]", [])):
+        assert from_args(parser.parse_args(["--tasks", text])).tasks == tasks
 
 
 def test_generate_until_is_greedy_and_stops_at_the_until_string(lm):

@@ -66,7 +66,7 @@ def decide(train_cfg, run_dir: Path) -> tuple[str, Optional[str]]:
 # Keys that decide which tokens each step sees: changing one on resume makes the continuation differ
 # from an uninterrupted run, so it takes train.resume_force=true. (The model: check_compatible.)
 EXACTNESS_KEYS = ("train.seed", "train.batch_tokens", "train.overfit_batch", "data.name",
-                  *(f"data.{k}" for k in DataConfig.CONTENT_KEYS))
+                  *(f"data.{k}" for k in DataConfig.content_keys()))
 # How and where to resume, not what is trained.
 RESUME_KEYS = ("train.resume", "train.resume_force", "train.overwrite", "train.stop_at", "out_dir", "run_name")
 # Compared as the model's config by check_compatible, which reads older checkpoints' forms too (the
