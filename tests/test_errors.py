@@ -11,7 +11,7 @@ def test_every_user_error_type_derives_from_user_error():
     from evaluation.config import EvalConfigError
     from model.config import ConfigError as ModelConfigError
     from runtime.checkpoint import CheckpointError
-    from trainer.config import ConfigError as TrainConfigError
+    from trainer.loop import ConfigError as TrainConfigError
     for cls in (DataError, ShardError, EvalConfigError, ModelConfigError, TrainConfigError, CheckpointError):
         assert issubclass(cls, UserError), cls
     assert ModelConfigError is TrainConfigError is ConfigError  # one config error, wherever it is raised

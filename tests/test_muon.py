@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from trainer.config import ConfigError, optim_config
+from common import ConfigError
+from trainer.config import optim_config
 from trainer.loop import train
 from trainer.optim import MuonAdamW, build_optimizer
 

@@ -14,7 +14,7 @@ import torch
 
 from runtime import checkpoint as ck
 from trainer import resume
-from trainer.config import ConfigError
+from common import ConfigError
 from trainer.loop import train
 from trainer.monitor import SpikeDetector
 from trainer.optim import LRSchedule, build_optimizer

@@ -7,7 +7,6 @@ from typing import TYPE_CHECKING, Annotated, Literal, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from common import ConfigError
 from common.config import PosInt, Range, bad, build, check
 
 from .optim import GroupConfig, GroupsConfig, OptimConfig, optim_config  # noqa: F401  (re-exported)
@@ -117,7 +116,6 @@ def parse_run_config(cfg: DictConfig) -> RunConfig:
 def grad_accum_steps(batch_tokens: int, micro_batch_size: int, block_size: int, world_size: int) -> int:
     per = micro_batch_size * block_size * world_size
     if batch_tokens % per or batch_tokens < per:
-        raise ConfigError(f"bad config train.batch_tokens={batch_tokens}: must be a positive multiple of "
-                          f"train.micro_batch_size * model.block_size * world_size = {micro_batch_size} * "
-                          f"{block_size} * {world_size} = {per}")
+        bad("train.batch_tokens", batch_tokens, f"must be a positive multiple of train.micro_batch_size * "
+            f"model.block_size * world_size = {micro_batch_size} * {block_size} * {world_size} = {per}")
     return batch_tokens // per

@@ -15,12 +15,12 @@ from typing import Optional
 import torch
 from omegaconf import DictConfig
 
-from common import perplexity
+from common import ConfigError, perplexity
 
 from runtime import checkpoint, distributed
 
 from . import faults, resume, run_data
-from .config import ConfigError, RunConfig, grad_accum_steps, parse_run_config
+from .config import RunConfig, grad_accum_steps, parse_run_config
 from .monitor import (IntervalTimer, Spikes, StatsInputs, block_grad_norms, peak_flops, read_host, stats_values,
                       train_record, validation_loss)
 from .optim import LRSchedule, build_optimizer, for_variant

@@ -5,9 +5,9 @@ import json
 import logging
 from pathlib import Path
 
+from common import ConfigError
 from runtime import distributed
 
-from .config import ConfigError
 
 log = logging.getLogger("nanonorm.train")
 
