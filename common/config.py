@@ -58,7 +58,8 @@ _TYPE_ERRORS = {bool: "must be true or false", int: "must be an integer", str: "
 
 
 @functools.cache
-def _hints(cls) -> dict:
+def type_hints(cls) -> dict:
+    """A config class's field annotations, read once per class."""
     return typing.get_type_hints(cls, include_extras=True)
 
 
@@ -71,7 +72,7 @@ def check(obj: Any, prefix: str, error: Type[UserError] = ConfigError) -> None:
     `Name`), else one line naming `prefix.field`. Values are normalised in place: an int where a float is
     declared, a list where a tuple is, YAML's `.inf` spelling."""
     for f in dataclasses.fields(obj):
-        v = _conform(f"{prefix}.{f.name}", getattr(obj, f.name), _hints(type(obj))[f.name], error)
+        v = _conform(f"{prefix}.{f.name}", getattr(obj, f.name), type_hints(type(obj))[f.name], error)
         object.__setattr__(obj, f.name, v)  # frozen configs too: this is their construction
 
 
@@ -162,7 +163,7 @@ def build(cls, node: Any, prefix: str, error: Type[UserError] = ConfigError, key
         raise error(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in unknown)}: valid keys are "
                     + ", ".join(keys or fs))
     for key, v in data.items():
-        t = _hints(cls)[key]
+        t = type_hints(cls)[key]
         if dataclasses.is_dataclass(t) and isinstance(v, Mapping):  # a nested group: over its default's keys
             data[key] = build(t, {**_default(fs[key]), **v}, f"{prefix}.{key}", error)
     missing = [k for k, f in fs.items() if k not in data and k not in fixed and _default(f) == MISSING]
@@ -213,9 +214,10 @@ def set_values(node: Mapping) -> dict:
 _FIELD_LINE = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+?)\s*$")
 
 
+@functools.cache
 def field_docs(cls) -> dict:
     """{field: its one-line doc}: the trailing `# ...` comment of the field's line in the class source,
-    looked up in the class's bases too (an Options class inherits its base's docs)."""
+    looked up in the class's bases too (an Options class inherits its base's docs). Read once per class."""
     docs: dict = {}
     for c in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):
         try:

@@ -4,26 +4,15 @@ drift from what a run uses. In `norm` and `optim`, whose components read their o
 default components do not read shows its first reader's default, after the names of its readers."""
 from __future__ import annotations
 
-import functools
 import re
-import typing
 from pathlib import Path
-
-
-@functools.cache
-def _about(cls) -> tuple[dict, dict]:
-    """(type hints, field docs) of a config class: read once per class, not once per key."""
-    from common.config import field_docs
-
-    return typing.get_type_hints(cls), field_docs(cls)
 
 
 def _key_lines(key: str, value, default, cls, name: str, tag: str) -> list[str]:
     """The help line of `key` (field `name` of `cls`), one per leaf of a nested group; null shows `default`."""
-    from common.config import literal_choices, show_value
+    from common.config import field_docs, literal_choices, show_value, type_hints
 
-    hints, docs = _about(cls)
-    t = hints[name]
+    t, docs = type_hints(cls)[name], field_docs(cls)
     if isinstance(value, dict):
         return [line for k, v in value.items() for line in _key_lines(f"{key}.{k}", v, default[k], t, k, tag)]
     choices = literal_choices(t)
