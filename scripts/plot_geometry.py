@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 import runlib  # noqa: E402
 from data.files import atomic_open  # noqa: E402
-from plot_curves import OTHER_COLORS, VARIANT_COLORS  # noqa: E402
+from plot_curves import OTHER_COLORS, variant_colors  # noqa: E402
 
 ROWS = [("geo/angle", "effective angle (rad)", True), ("geo/rel_update", "‖Δh‖ / ‖h‖", True),
         ("geo/grad", "‖dL/dh_j‖", True)]
@@ -54,7 +54,7 @@ def plot(runs: list[runlib.Run], out: Path, title: str | None = None) -> None:
                              sharex="col")
     for c, run in enumerate(runs):
         norm = runlib.get_key(run.config, "norm.name")
-        color = VARIANT_COLORS.get(norm, OTHER_COLORS[c % len(OTHER_COLORS)])
+        color = variant_colors().get(norm, OTHER_COLORS[c % len(OTHER_COLORS)])
         for r, (prefix, ylabel, logy) in enumerate(ROWS):
             ax = axes[r][c]
             series = depth_series(run.stats, prefix)

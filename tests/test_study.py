@@ -120,7 +120,7 @@ def test_unknown_study_part_and_cell_are_one_line():
         S.main(["step_scale", "--part", "x"])
 
 
-def fake_run_dir(sweep_dir, cell, arch, norm, optim, key, value, seed, loss):
+def fake_run_dir(sweep_dir, cell, arch, norm, optim, key, value, seed, loss, stats=()):
     import json
 
     import yaml
@@ -133,8 +133,8 @@ def fake_run_dir(sweep_dir, cell, arch, norm, optim, key, value, seed, loss):
     (d / "config.yaml").write_text(yaml.safe_dump({"model": {"arch": arch}, "norm": {"name": norm}, **lr,
                                                    "train": {"seed": seed, "max_steps": 400, "batch_tokens": 2048}}))
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        {"kind": "eval", "step": 0, "val_loss": 5.5}, {"kind": "eval", "step": 400, "val_loss": loss},
-        {"kind": "summary", "step": 400, "final_val_loss": loss}]) + "\n")
+        {"kind": "eval", "step": 0, "val_loss": 5.5}, *({"kind": "stats", **rec} for rec in stats),
+        {"kind": "eval", "step": 400, "val_loss": loss}, {"kind": "summary", "step": 400, "final_val_loss": loss}]) + "\n")
     manifest = sweep_dir / "sweep.json"
     points = json.loads(manifest.read_text())["points"] if manifest.is_file() else []
     points.append({"dir": d.name, "label": label, "base": label})
@@ -161,6 +161,33 @@ def test_the_axes_study_report_ranks_each_block_from_the_run_dirs(tmp_path, load
     assert "| gpt2 | geonorm | adamw | 0.02 (edge) |" in tables           # the best is the largest lr tried
     assert "| llama | pre_ln | muon | 0.025 (edge) | 2.300 (s0) |" in tables
     assert "| pre_ln | 1 | — | — |" in tables and (tmp_path / "docs" / "axes" / "axes.png").is_file()
+
+
+def test_the_step_scale_report_writes_its_tables_and_figures_from_the_run_dirs(tmp_path, load_script):
+    load_script("plot_curves")   # the report imports these by bare name, as scripts/ sees them
+    load_script("plot_geometry")
+    report = load_script("step_scale_report")
+    study, root = S.Study.load("step_scale"), tmp_path / "runs"
+    stats = [{"step": s, "tokens": 2048 * s, **{f"geo/angle/{j}": 0.1 * (j + 1) for j in range(4)},
+              "geo/rel_update/0": 0.01, "geo/grad/0": 1.0} for s in (0, 100)]
+    # (a) Pre-LN best inside its grid on the mean over seeds; 1-SpheretNorm best at the grid's edge
+    for cell, losses in (("pre_ln", {1e-3: 2.50, 3e-3: 2.40, 1e-2: 2.60}),
+                         ("proj_spheret", {1e-3: 2.90, 3e-3: 2.80, 1e-2: 2.70})):
+        for lr, loss in losses.items():
+            for seed in range(3):
+                fake_run_dir(root / "step_scale_a", cell, "gpt2", cell, "adamw", "optim.lr", lr, seed,
+                             loss + 0.01 * seed, stats)
+    fake_run_dir(root / "step_scale_b", "pre_ln", "gpt2", "pre_ln", "adamw", "optim.lr", 3e-3, 0, 2.45)  # (b) twin
+    report.report(study, root, tmp_path / "docs", "fidelity")
+    out = tmp_path / "docs" / "step_scale"
+    tables = (out / "tables.md").read_text()
+    assert ("| pre_ln | 0.25 | 0.001: 2.510, 0.003: 2.410, 0.01: 2.610 | 0.003 | 2.400, 2.410, 2.420 | "
+            "2.410 ± 0.010 |") in tables                                  # angle at init: the mean over sublayers
+    assert "| proj_spheret | 0.25 | 0.001: 2.910, 0.003: 2.810, 0.01: 2.710 | 0.01 (edge) |" in tables
+    assert "| not ranked (best at the grid edge) |" in tables
+    assert "| pre_ln @ 0.003 | 2.4000 | 2.4500 | 0.0500 | 0.0100 | chaotic" in tables  # 0.05 > a quarter of 0.01
+    assert "## (c) Trend with size" in tables and "(not run yet)" in tables
+    assert (out / "a_lr.png").is_file() and (out / "a_geometry.png").is_file()
 
 
 def fake_setting(cell, lr, mult, seed, loss):
