@@ -133,8 +133,9 @@ def fake_run_dir(sweep_dir, cell, arch, norm, optim, key, value, seed, loss, sta
     (d / "config.yaml").write_text(yaml.safe_dump({"model": {"arch": arch}, "norm": {"name": norm}, **lr,
                                                    "train": {"seed": seed, "max_steps": 400, "batch_tokens": 2048}}))
     (d / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
-        {"kind": "eval", "step": 0, "val_loss": 5.5}, *({"kind": "stats", **rec} for rec in stats),
-        {"kind": "eval", "step": 400, "val_loss": loss}, {"kind": "summary", "step": 400, "final_val_loss": loss}]) + "\n")
+        {"kind": "eval", "step": 0, "tokens": 0, "val_loss": 5.5}, *({"kind": "stats", **rec} for rec in stats),
+        {"kind": "eval", "step": 400, "tokens": 819_200, "val_loss": loss},
+        {"kind": "summary", "step": 400, "final_val_loss": loss}]) + "\n")
     manifest = sweep_dir / "sweep.json"
     points = json.loads(manifest.read_text())["points"] if manifest.is_file() else []
     points.append({"dir": d.name, "label": label, "base": label})
@@ -188,6 +189,45 @@ def test_the_step_scale_report_writes_its_tables_and_figures_from_the_run_dirs(t
     assert "| pre_ln @ 0.003 | 2.4000 | 2.4500 | 0.0500 | 0.0100 | chaotic" in tables  # 0.05 > a quarter of 0.01
     assert "## (c) Trend with size" in tables and "(not run yet)" in tables
     assert (out / "a_lr.png").is_file() and (out / "a_geometry.png").is_file()
+
+
+def test_the_fidelity_report_writes_each_parts_tables_and_figures_from_the_run_dirs(tmp_path, load_script):
+    import json
+
+    load_script("plot_curves")   # the report imports it by bare name, as scripts/ sees it
+    report = load_script("fidelity_report")
+    study, root = S.Study.load("fidelity"), tmp_path / "runs"
+
+    def run(sweep, cell, lr, seed, loss, **kw):
+        fake_run_dir(root / sweep, cell, "gpt2", cell.split("-")[0], "adamw", "optim.lr", lr, seed, loss, **kw)
+
+    # (a) seed 0 at three lrs, seeds 1 and 2 at the best; geonorm's best is the largest lr tried
+    for cell, losses in (("pre_ln", {3e-4: 2.50, 1e-3: 2.40, 3e-3: 2.45}),
+                         ("geonorm", {3e-4: 2.60, 1e-3: 2.55, 3e-3: 2.50})):
+        for lr, loss in losses.items():
+            run("fidelity_a", cell, lr, 0, loss)
+        best = min(losses, key=losses.get)
+        for seed in (1, 2):
+            run("fidelity_a", cell, best, seed, losses[best] + 0.01 * seed)
+    run_dir = next((root / "fidelity_a").glob("pre_ln-lr-0.001-s0"))
+    (run_dir / "layer_ablation.json").write_text(json.dumps({"increase": [0.5, 0.1, 0.02, 0.01], "base_loss": 2.4,
+                                                             "norm": "pre_ln"}))
+    for cell, loss in (("pre_ln", 2.30), ("geonorm", 2.35)):              # (c) horizon, seeds 0 and 1
+        for seed in (0, 1):
+            run("fidelity_c", cell, 1e-3, seed, loss + 0.02 * seed)
+    for cell, loss in (("geonorm", 2.50), ("geonorm-untied", 2.60)):     # (d) a choice against its baseline
+        for seed in (0, 1):
+            run("fidelity_d", cell, 3e-3, seed, loss + 0.01 * seed)
+    report.report(study, root, tmp_path / "docs")
+    out = tmp_path / "docs" / "fidelity"
+    tables = (out / "tables.md").read_text()
+    assert "| 1 | pre_ln | 0.001 | 2.410 ± 0.010 (0,1,2) | 2.500 | 2.400 | 2.450 |" in tables
+    assert "| 2 | geonorm | 0.003 (edge) | 2.510 ± 0.010 (0,1,2) | 2.600 | 2.550 | 2.500 |" in tables
+    assert "- 0.82M tokens: pre_ln < geonorm" in tables                   # (c) the ranking at each token count
+    assert "| geonorm-untied | 2.605 ± 0.007 | +0.100 | yes (spread 0.007) |" in tables  # (d) beyond 2x the spread
+    assert "| pre_ln | 2.400 | +0.50, +0.10, +0.02, +0.01 | +0.300 / +0.015 |" in tables  # (e4) layer ablation
+    assert "Parts not run yet: b, e." in tables
+    assert all((out / f).is_file() for f in ("a_lr_sensitivity.png", "c_horizon.png", "e_layer_ablation.png"))
 
 
 def fake_setting(cell, lr, mult, seed, loss):
