@@ -271,3 +271,24 @@ def test_a_fields_annotation_is_its_check():
                     ({"clip": -1}, r"toy.clip=-1: must be >= 0 \(0 = off\)$")):
         with pytest.raises(ConfigError, match=rf"^bad config {msg}"):
             Toy(**kw)
+
+
+@pytest.mark.slow
+def test_every_train_command_in_the_readme_and_docs_composes_and_validates():
+    """Each `python train.py key=value ...` (or torchrun) line of README.md and docs/*.md is a valid run
+    config, so a renamed key or option cannot leave a documented command behind."""
+    import re
+    import shlex
+
+    found = {}
+    for path in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for m in re.finditer(r"(?:torchrun[^`\n]*?|python )train\.py((?: +[^\s`|;#)]+)*)", path.read_text()):
+            overrides = [t for t in shlex.split(m[1]) if "=" in t and not t.startswith("-")]
+            if overrides and not any("..." in t or "…" in t for t in overrides):  # placeholders
+                found.setdefault(" ".join(overrides), path.name)
+    assert len(found) >= 10  # the pattern still finds the commands
+    for command, source in found.items():
+        try:
+            parse_run_config(composed(*command.split()))
+        except Exception as e:  # noqa: BLE001  (any failure names its command)
+            pytest.fail(f"{source}: train.py {command}: {type(e).__name__}: {e}")
