@@ -286,3 +286,27 @@ def test_a_contrast_compares_two_cells_at_one_value(load_script):
     assert "| gpt2.pre_ln-gated | 0.01 | 2.470, 2.480, 2.460 | 2.470 ± 0.010 |" in "\n".join(lines)
     assert any(line.startswith("| gpt2.pre_ln-gated |") and "gpt2.pre_ln-gated ahead (p=" in line for line in lines)
     assert tables.contrasts(study, runs[:6]) == []      # the gated cell has not run: no contrast
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "study")
+                                        .glob("*.yaml")))
+def test_every_cell_and_ablation_of_a_study_file_is_a_valid_run_config(name, load_script):
+    """A study file's overrides compose and validate on its experiment before the study spends hours on
+    its other cells (a renamed key fails here, not when its part starts)."""
+    from hydra import compose, initialize_config_dir
+
+    from trainer.config import parse_run_config
+    from trainer.config_store import CONFIG_DIR, register_code_configs
+
+    sweep, study = load_script("sweep"), S.Study.load(name)
+    cells = {c: spec["overrides"] for c, spec in study.cells.items()}
+    cells.update({a: {**study.cells[spec["of"]]["overrides"], **spec["overrides"]}
+                  for p in study.parts for a, spec in (p.get("ablations") or {}).items()})
+    register_code_configs()
+    for cell, overrides in cells.items():
+        args = [f"experiment={study.experiment}", *study.overrides,
+                *(f"{k}={sweep.fmt_value(v)}" for k, v in overrides.items())]
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            rc = parse_run_config(compose("config", overrides=args))
+        assert rc.model.norm.name == str(overrides.get("norm", rc.model.norm.name)), cell
