@@ -66,10 +66,6 @@ def wall(runs) -> float:
     return total
 
 
-def tokens(run) -> int:
-    return int(runlib.get_key(run.config, "train.max_steps") * runlib.get_key(run.config, "train.batch_tokens"))
-
-
 def last_stats(run) -> dict:
     return run.stats[-1] if run.stats else {}
 
@@ -122,7 +118,7 @@ def part_a(runs, out: Path, study) -> list[str]:
         edge = " (edge)" if len(tried) > 1 and float(b["value"]) in (min(tried), max(tried)) else ""
         lines.append(f"| {i} | {label} | {float(b['value']):g}{edge} | {pm(losses)} ({seeds}) | "
                      + " | ".join(cell(seed0.get(lr)) for lr in lrs) + " |")
-    n_tok = tokens(runs[0])
+    n_tok = runlib.tokens_per_run(runs)
     lines += ["", f"Tokens per run: {n_tok:,}; {len(runs)} runs; summed training wall time "
               f"{wall(runs) / 3600:.2f} h of one core (two runs at a time). The best lr is chosen on seed 0; "
               "the mean ± std is over every seed run at it. *failed* = final loss above the initial one "
@@ -190,7 +186,7 @@ def part_b(runs_b, runs_a, out: Path, study) -> list[str]:
     plt.close(fig)
     lines += ["", f"lr_mult 1 is part (a)'s seed-0 run. Angles: the monitor's mean rotation angle per sublayer "
               "(last stats step, one batch), averaged over sublayers / the largest per-sublayer maximum. "
-              f"{len(runs_b)} runs of {tokens(runs_b[0]):,} tokens; {wall(runs_b) / 3600:.2f} h of one core.", ""]
+              f"{len(runs_b)} runs of {runlib.tokens_per_run(runs_b):,} tokens; {wall(runs_b) / 3600:.2f} h of one core.", ""]
     return lines
 
 
@@ -276,7 +272,7 @@ def part_c(runs, out: Path, study) -> list[str]:
                              + note)
     if not found:
         lines.append("- none")
-    lines += ["", f"Tokens per run: {tokens(runs[0]):,}; {len(runs)} runs; {wall(runs) / 3600:.2f} h of one core.", ""]
+    lines += ["", f"Tokens per run: {runlib.tokens_per_run(runs):,}; {len(runs)} runs; {wall(runs) / 3600:.2f} h of one core.", ""]
     return lines
 
 
@@ -300,7 +296,7 @@ def part_d(runs, out: Path, study) -> list[str]:
         lines.append(f"| {lbl} | {pm(xs)} | {delta:+.3f} | {verdict} (spread {spread:.3f}) |")
     lines += ["", "Seed spread = the larger of the two rows' std over 2 seeds; *yes* when |Δ| > 2x spread, "
               "*no* when |Δ| < spread, *unclear* between. "
-              f"Tokens per run: {tokens(runs[0]):,}; {len(runs)} runs; {wall(runs) / 3600:.2f} h of one core.", ""]
+              f"Tokens per run: {runlib.tokens_per_run(runs):,}; {len(runs)} runs; {wall(runs) / 3600:.2f} h of one core.", ""]
     return lines
 
 
@@ -334,7 +330,7 @@ def part_e(runs, out: Path, study) -> list[str]:
     fig.tight_layout()
     fig.savefig(out / "e_depth.png", dpi=120)
     plt.close(fig)
-    lines += ["", f"Tokens per run: {tokens(runs[0]):,}; seed 0; {wall(runs) / 3600:.2f} h of one core.", ""]
+    lines += ["", f"Tokens per run: {runlib.tokens_per_run(runs):,}; seed 0; {wall(runs) / 3600:.2f} h of one core.", ""]
     return lines
 
 
@@ -401,9 +397,8 @@ def report(study, root: Path, docs: Path, experiment: str | None = None) -> None
             abl.append((prefix + study.cell_of(r.base), json.loads(p.read_text())))
     if abl:
         lines += part_ablate(abl, out)
-    times = root / "fidelity_times.json"
-    if times.is_file():
-        t = json.loads(times.read_text())
+    t = runlib.study_times(root, study.name)
+    if t:
         lines += ["### Wall time per part (two runs at a time, one thread each; summed over resumed invocations)", "",
                   "| part | wall time |", "|---|---|"] + [f"| {k} | {v / 60:.0f} min |" for k, v in t.items()] + [""]
     missing = [name for name, runs in zip("abcde", (a, b, c, d, e)) if not runs]  # not started

@@ -317,6 +317,18 @@ def pm(xs: list[float], digits: int = 3) -> str:
     return f"{m:.{digits}f}" + (f" ± {statistics.stdev(xs):.{digits}f}" if len(xs) > 1 else "")
 
 
+def tokens_per_run(runs: list[Run]) -> int:
+    """train.max_steps x train.batch_tokens of the first run (0 without runs): what one run of a sweep trains on."""
+    cfg = runs[0].config if runs else {}
+    return int(get_key(cfg, "train.max_steps", 0)) * int(get_key(cfg, "train.batch_tokens", 0))
+
+
+def study_times(root: Path, study: str) -> dict:
+    """{part: wall seconds} of a study, summed over its resumed invocations ({} before any part ran)."""
+    path = Path(root) / f"{study}_times.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
 def add_wall_time(path: Path, part: str, seconds: float) -> None:
     """Add `seconds` to `part`'s wall time in the JSON file `path` (a study's times, summed over resumes)."""
     path = Path(path)

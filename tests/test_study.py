@@ -179,6 +179,7 @@ def test_the_step_scale_report_writes_its_tables_and_figures_from_the_run_dirs(t
                 fake_run_dir(root / "step_scale_a", cell, "gpt2", cell, "adamw", "optim.lr", lr, seed,
                              loss + 0.01 * seed, stats)
     fake_run_dir(root / "step_scale_b", "pre_ln", "gpt2", "pre_ln", "adamw", "optim.lr", 3e-3, 0, 2.45)  # (b) twin
+    (root / "step_scale_times.json").write_text('{"grid": 600.0, "edge": 90.0}')  # study.py's record of each part
     report.report(study, root, tmp_path / "docs", "fidelity")
     out = tmp_path / "docs" / "step_scale"
     tables = (out / "tables.md").read_text()
@@ -188,6 +189,7 @@ def test_the_step_scale_report_writes_its_tables_and_figures_from_the_run_dirs(t
     assert "| not ranked (best at the grid edge) |" in tables
     assert "| pre_ln @ 0.003 | 2.4000 | 2.4500 | 0.0500 | 0.0100 | chaotic" in tables  # 0.05 > a quarter of 0.01
     assert "## (c) Trend with size" in tables and "(not run yet)" in tables
+    assert "Runs finished: (a) 18. Tokens per run: 819,200." in tables and "grid 10 min, edge 2 min." in tables
     assert (out / "a_lr.png").is_file() and (out / "a_geometry.png").is_file()
 
 
@@ -218,6 +220,7 @@ def test_the_fidelity_report_writes_each_parts_tables_and_figures_from_the_run_d
     for cell, loss in (("geonorm", 2.50), ("geonorm-untied", 2.60)):     # (d) a choice against its baseline
         for seed in (0, 1):
             run("fidelity_d", cell, 3e-3, seed, loss + 0.01 * seed)
+    (root / "fidelity_times.json").write_text('{"grid": 600.0}')
     report.report(study, root, tmp_path / "docs")
     out = tmp_path / "docs" / "fidelity"
     tables = (out / "tables.md").read_text()
@@ -226,7 +229,7 @@ def test_the_fidelity_report_writes_each_parts_tables_and_figures_from_the_run_d
     assert "- 0.82M tokens: pre_ln < geonorm" in tables                   # (c) the ranking at each token count
     assert "| geonorm-untied | 2.605 ± 0.007 | +0.100 | yes (spread 0.007) |" in tables  # (d) beyond 2x the spread
     assert "| pre_ln | 2.400 | +0.50, +0.10, +0.02, +0.01 | +0.300 / +0.015 |" in tables  # (e4) layer ablation
-    assert "Parts not run yet: b, e." in tables
+    assert "Parts not run yet: b, e." in tables and "| grid | 10 min |" in tables
     assert all((out / f).is_file() for f in ("a_lr_sensitivity.png", "c_horizon.png", "e_layer_ablation.png"))
 
 
