@@ -426,6 +426,12 @@ def record(root: Path, study: Study, part: str, seconds: float) -> None:
 
 
 def report(study: Study, root: Path, docs: Path, experiment: str) -> None:
+    """The study's tables and figures under <docs>/<study>/ from its finished runs. Without any (a fresh
+    checkout has no run dirs) the report writes nothing: the committed tables there are results."""
+    sweeps = sorted({s for s in map(study.sweep_of, study.parts) if s})
+    if not any(r.finished for s in sweeps for r in runlib.load_sweep(root / s)):
+        print(f"no finished runs of {study.name} under {root} ({', '.join(sweeps)}): {docs / study.name} left as it is")
+        return
     if study.report:
         import importlib
         importlib.import_module(study.report).report(study, root, docs, experiment)

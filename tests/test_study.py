@@ -233,6 +233,17 @@ def test_the_fidelity_report_writes_each_parts_tables_and_figures_from_the_run_d
     assert all((out / f).is_file() for f in ("a_lr_sensitivity.png", "c_horizon.png", "e_layer_ablation.png"))
 
 
+def test_a_report_without_finished_runs_leaves_the_committed_tables(tmp_path, capsys, load_script):
+    """`study.py <study> --report` in a fresh checkout (no run dirs) must not overwrite published tables."""
+    load_script("plot_curves")
+    for name in ("axes", "methods"):  # a study with its own report module, and one with the generic tables
+        tables = tmp_path / "docs" / name / "tables.md"
+        tables.parent.mkdir(parents=True)
+        tables.write_text("committed results\n")
+        S.report(S.Study.load(name), tmp_path / "runs", tmp_path / "docs", "fidelity")
+        assert tables.read_text() == "committed results\n" and "left as it is" in capsys.readouterr().out
+
+
 def fake_setting(cell, lr, mult, seed, loss):
     r = fake(cell, lr, seed, loss)
     r.config["optim"]["groups"] = {"scalars": {"lr_mult": mult}}
