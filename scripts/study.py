@@ -7,6 +7,8 @@
     python scripts/study.py step_scale -- train.max_steps=8   # any Hydra override, every run (a quick check)
     python scripts/study.py step_scale --experiment <name> --cells pre_ln,proj_spheret-a32 --jobs 8
                                                          # the same study on another setting (GPU users)
+With another experiment (`--experiment`) or any override, runs and tables go to runs/<study>-custom and its
+docs/, apart from the study's own runs (which would skip them as finished points) and docs/<study>/.
 
 A study file names a base experiment, the overrides of every run, the seeds, the tuned key with its
 ladder of values (`tune`), named cells (overrides and the start of their grid), its parts and its report.
@@ -446,8 +448,10 @@ def main(argv=None) -> int:
     ap.add_argument("--part", help="run only this part (default: every part in order, then the report)")
     ap.add_argument("--report", action="store_true", help="only the report, from whatever has finished")
     ap.add_argument("--list", action="store_true", help="print the parts and cells, run nothing")
-    ap.add_argument("--runs-root", type=Path, default=Path("runs"))
-    ap.add_argument("--docs", type=Path, default=Path("docs"), help="where the report writes docs/<study>/*")
+    ap.add_argument("--runs-root", type=Path, help="default runs; with another experiment (--experiment) or overrides after "
+                    "--: runs/<study>-custom")
+    ap.add_argument("--docs", type=Path, help="where the report and the recorded bests go, <docs>/<study>/* "
+                    "(default docs; with another experiment or overrides: <runs-root>/docs)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
     ap.add_argument("--cells", help="comma list: only these cells (a partial study)")
     ap.add_argument("--shapes", help="shapes parts: comma list of shape labels (default all, cheapest first)")
@@ -457,6 +461,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv[:cut])
     args.overrides = argv[cut + 1:]
     study = Study.load(args.study)
+    if args.overrides or args.experiment not in (None, study.experiment):
+        # runs unlike the study file's (a quick check, another setting): kept apart from its runs and docs/
+        args.runs_root = args.runs_root or Path("runs") / f"{study.name}-custom"
+        args.docs = args.docs or args.runs_root / "docs"
+        print(f"experiment={args.experiment or study.experiment} {' '.join(args.overrides)}: runs under "
+              f"{args.runs_root}, tables under {args.docs}")
+    args.runs_root, args.docs = args.runs_root or Path("runs"), args.docs or Path("docs")
     args.experiment = args.experiment or study.experiment
     args.cells = args.cells.split(",") if args.cells else list(study.cells)
     unknown = [c for c in args.cells if c not in study.cells]

@@ -14,7 +14,8 @@ add `train.threads=1` so they do not oversubscribe the cores).
 Each point runs in `<runs-root>/<sweep>/<label>-s<seed>` with wandb group `<sweep>`; a point whose
 metrics.jsonl ends with a `summary` line is skipped, any other is (re)started with train.resume=auto,
 which resumes from its latest checkpoint (or starts over, if the point died before its first one). `<runs-root>/<sweep>/sweep.json` records each point's
-label, seed and overrides, which plot_curves.py and make_table.py use to group runs.
+label, seed and overrides, which plot_curves.py and make_table.py use to group runs, and the fixed
+overrides: a sweep dir holding runs made with other fixed overrides is refused, not mixed in.
 """
 from __future__ import annotations
 
@@ -240,6 +241,19 @@ def write_manifest(sweep_dir: Path, sweep: str, args, points: list[dict]) -> Non
     atomic_write(path, json.dumps(data, indent=1) + "\n")
 
 
+def check_fixed_overrides(sweep_dir: Path, args) -> None:
+    """The runs of a sweep dir share its fixed overrides: a run made with others (a quick check's
+    train.max_steps=8) would otherwise count as a finished point of this sweep."""
+    path = sweep_dir / "sweep.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    before, made_with = old.get("fixed_overrides", []), old.get("experiment")
+    made = [p["dir"] for p in old.get("points", []) if (sweep_dir / p["dir"]).is_dir()]
+    if made and (sorted(before) != sorted(args.overrides) or made_with != args.experiment):
+        raise SystemExit(f"{sweep_dir} holds runs made with experiment={made_with} and the fixed overrides "
+                         f"[{' '.join(before)}], not experiment={args.experiment} and [{' '.join(args.overrides)}]: "
+                         "pass those to continue them, or another --runs-root")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     check_args(args)
@@ -247,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     sweep = sweep_name(args, meta)
     points = select_points(args, meta)
     sweep_dir = Path(args.runs_root) / sweep
+    check_fixed_overrides(sweep_dir, args)
     jobs = plan_jobs(points, args, sweep_dir, sweep)
     if args.slurm:
         return write_slurm(jobs, args, sweep_dir, sweep, points)

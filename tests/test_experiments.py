@@ -377,6 +377,11 @@ d = Path(kv["out_dir"]); d.mkdir(parents=True, exist_ok=True)
     (tmp_path / "fixed").touch()
     assert sweep.main(argv) == 0
     assert calls.read_text().split()[3:] == ["post_ln-s0"]  # only the unfinished point ran again
+    # runs made with other fixed overrides (a quick check's) are refused, not counted as this sweep's points
+    with pytest.raises(SystemExit, match=r"t holds runs made with experiment=None and the fixed overrides \[\], not "
+                                         r"experiment=None and \[train.max_steps=8\]: pass those to continue them"):
+        sweep.main([*argv, "--", "train.max_steps=8"])
+    assert len(calls.read_text().split()) == 4
 
 
 def test_usage_examples_name_existing_experiments():

@@ -244,6 +244,21 @@ def test_a_report_without_finished_runs_leaves_the_committed_tables(tmp_path, ca
         assert tables.read_text() == "committed results\n" and "left as it is" in capsys.readouterr().out
 
 
+def test_another_experiment_or_overrides_keep_their_runs_apart_from_the_studys_and_docs(tmp_path, monkeypatch):
+    """`study.py <study> -- train.max_steps=8` (or --experiment X) must not leave runs where the study's own
+    would be skipped as finished, nor write its tables and bests over docs/."""
+    seen = []
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(S.Runner, "run_part", lambda self, part: seen.append((self.args.runs_root, self.args.docs)))
+    S.main(["step_scale", "--part", "grid", "--", "train.max_steps=8"])
+    S.main(["step_scale", "--part", "grid"])
+    S.main(["step_scale", "--part", "grid", "--runs-root", "r", "--docs", "d", "--", "train.max_steps=8"])
+    S.main(["step_scale", "--part", "grid", "--experiment", "fidelity_depth"])
+    scratch = Path("runs") / "step_scale-custom"
+    assert seen == [(scratch, scratch / "docs"), (Path("runs"), Path("docs")), (Path("r"), Path("d")),
+                    (scratch, scratch / "docs")]
+
+
 def fake_setting(cell, lr, mult, seed, loss):
     r = fake(cell, lr, seed, loss)
     r.config["optim"]["groups"] = {"scalars": {"lr_mult": mult}}
