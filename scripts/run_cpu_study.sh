@@ -6,13 +6,19 @@
 # 17 runs per setting, ~1 h in all on the idle machine (13 variants + a second seed of pre_ln, post_ln, geonorm, proj_spheret).
 #
 #   scripts/run_cpu_study.sh                        # ~1 h on 2 CPU cores; rerun to resume/skip finished runs
-#   scripts/run_cpu_study.sh train.max_steps=20     # any Hydra override, applied to every run (quick check)
+#   scripts/run_cpu_study.sh train.max_steps=20     # any Hydra override, applied to every run (quick check):
+#                                                   # its runs, figures and table go to runs/cpu_study-custom
 #   RUNS_ROOT=/tmp/runs DOCS=/tmp/docs scripts/run_cpu_study.sh ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export WANDB_MODE="${WANDB_MODE:-offline}"
-ROOT="${RUNS_ROOT:-runs}"
-DOCS="${DOCS:-docs}"
+if [ $# -gt 0 ]; then  # runs unlike the study's: apart from its runs (a sweep refuses to mix them) and docs/
+  ROOT="${RUNS_ROOT:-runs/cpu_study-custom}"
+  DOCS="${DOCS:-$ROOT/docs}"
+else
+  ROOT="${RUNS_ROOT:-runs}"
+  DOCS="${DOCS:-docs}"
+fi
 PY="${PYTHON:-python}"
 status=0
 
