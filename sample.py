@@ -55,7 +55,7 @@ def sample(args) -> int:
 
     from runtime.distributed import init_distributed, set_cpu_threads
     from runtime.checkpoint import resolve_checkpoint
-    from runtime.distributed import PRECISION_CHOICES, precision_name
+    from runtime.launch import PRECISION_CHOICES, precision_name
 
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples={args.num_samples}: must be >= 1")

@@ -13,7 +13,7 @@ import yaml
 
 from common import ConfigError
 from common.config import NonNegInt, PosInt, Range, bad, build, check, field_docs
-from runtime.distributed import PRECISION_CHOICES, precision_name
+from runtime.launch import PRECISION_CHOICES, precision_name
 
 # lm-eval's zero-shot tasks reported by default (README "Evaluation").
 DEFAULT_TASKS = ("lambada_openai", "wikitext", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande",

@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from common import ConfigError
 
-from .launch import env_rank  # noqa: F401  (the rank before a process group exists)
+from .launch import env_rank, precision_name  # noqa: F401  (env_rank: the rank before a process group exists)
 
 
 @dataclass(frozen=True)
@@ -101,15 +101,7 @@ def init_distributed(device_pref: str = "auto", key: str = "train.device", preci
 
 # --- precision -----------------------------------------------------------------------------------
 
-PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
-PRECISION_CHOICES = ("auto", *PRECISIONS)
-_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # torch's names, accepted by eval/sample
-
-
-def precision_name(name) -> str | None:
-    """The canonical name (auto, bf16, fp16, fp32) of `name` or of its torch alias; None if neither."""
-    name = _ALIASES.get(name, name) if isinstance(name, str) else name
-    return name if name in PRECISION_CHOICES else None
+PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # the names: runtime.launch
 
 
 def resolve_precision(name: str, device: torch.device) -> str:

@@ -1,5 +1,6 @@
-"""What train.py needs before torch is imported: this process's rank as the launcher set it, and the
-Hydra arguments of that rank. (Kept free of torch, so `--help` and config errors answer quickly.)"""
+"""What the entry points need before torch is imported: this process's rank as the launcher set it, the
+Hydra arguments of that rank, and the precision names. (Kept free of torch, so `--help` and config
+errors answer quickly.)"""
 from __future__ import annotations
 
 import os
@@ -19,3 +20,14 @@ def hydra_argv_for_rank(argv: list[str], rank: int) -> list[str]:
         return argv
     extra = ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
     return argv + [a for a in extra if a.split("=")[0] not in {x.split("=")[0] for x in argv}]
+
+
+# train.precision and eval's/sample's --dtype: one set of names (their torch dtypes: runtime.distributed).
+PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32")
+_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # torch's names, accepted by eval/sample
+
+
+def precision_name(name) -> str | None:
+    """The canonical name (auto, bf16, fp16, fp32) of `name` or of its torch alias; None if neither."""
+    name = _ALIASES.get(name, name) if isinstance(name, str) else name
+    return name if name in PRECISION_CHOICES else None

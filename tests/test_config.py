@@ -181,8 +181,8 @@ def test_builder_refuses_null_and_unknown_keys_in_nested_groups():
 def test_help_and_a_bad_key_answer_without_torch_once_cached(tmp_path):
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache"), "WANDB_MODE": "disabled"}
 
-    def run(*argv):
-        p = subprocess.run([sys.executable, "-X", "importtime", "train.py", *argv], cwd=REPO, env=env,
+    def run(*argv, script="train.py"):
+        p = subprocess.run([sys.executable, "-X", "importtime", script, *argv], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=600)
         imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
         return p, imported
@@ -194,6 +194,9 @@ def test_help_and_a_bad_key_answer_without_torch_once_cached(tmp_path):
     bad, imported = run("model.foo=1")
     assert bad.returncode == 2 and "error: unknown key(s) model.foo: valid keys are " in bad.stderr
     assert "torch" not in imported
+    for script in ("eval.py", "sample.py"):  # no cache needed: their options import no torch
+        p, imported = run("--help", script=script)
+        assert p.returncode == 0 and "--dtype" in p.stdout and "torch" not in imported, script
 
 
 def test_the_cli_cache_is_keyed_on_its_sources(tmp_path, monkeypatch):

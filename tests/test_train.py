@@ -366,6 +366,9 @@ def test_training_and_evaluation_share_precision_names_and_auto(monkeypatch):
     """train.precision and eval's/sample's --dtype: one set of names, one meaning of `auto`."""
     from evaluation.config import EvalConfig
     from runtime import distributed as D
+    from runtime.launch import PRECISION_CHOICES
+
+    assert PRECISION_CHOICES == ("auto", *D.PRECISIONS)  # the torch-free names and their dtypes agree
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert D.resolve_precision("auto", cpu) == "fp32"
