@@ -30,7 +30,7 @@ from typing import Optional
 
 import numpy as np
 
-from common import report_user_errors
+from common import ConfigError, report_user_errors
 
 from .config import DataConfig, DataError
 from .errors import HubUnreachable
@@ -505,6 +505,7 @@ def compose_data_config(overrides: list[str]):
     """Compose only the `data` group from configs/ with Hydra: `data=<name>` plus `data.key=value`."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
 
     cfg_dir = Path(__file__).resolve().parent.parent / "configs"
     group = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") == "data"]
@@ -512,8 +513,16 @@ def compose_data_config(overrides: list[str]):
     rest = [f"++{o}" if o.startswith("data.") else o for o in overrides if o not in group]
     choice = group[-1].split("=", 1)[1] if group else "pydocs"
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
-        return compose(config_name=None, overrides=[f"+data={choice}"] + rest).data
+    try:
+        with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
+            return compose(config_name=None, overrides=[f"+data={choice}"] + rest).data
+    except HydraException as e:  # one line, as train.py reports a composition error
+        if getattr(e, "options", None):  # `data=nope`
+            raise ConfigError(f"unknown data={choice}: valid are {', '.join(e.options)}") from None
+        if getattr(e, "override", None):  # bad syntax: the override as typed, and what the parser expected
+            lines = str(e).splitlines()
+            raise ConfigError(f"bad override {e.override.lstrip('+')!r}: {lines[1] if len(lines) > 1 else lines[0]}") from None
+        raise ConfigError(" ".join(str(e).splitlines()[0].split())) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from common import report_user_errors
 from model import GPT, GPTConfig
 from model.generate import generate
 from runtime import distributed as D
@@ -79,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    report_user_errors(main)  # a bad variant or option: one line

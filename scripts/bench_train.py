@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
+from common import ConfigError, report_user_errors
 from runtime import distributed as D
 from trainer.config import parse_run_config
 from trainer.loop import Trainer
@@ -75,11 +76,16 @@ def harness_loop(tr: Trainer) -> tuple:
 
 
 def make_trainer(overrides, out_dir):
-    from trainer.config_store import register_code_configs
+    from hydra.errors import ConfigCompositionException, OverrideParseException
+
+    from trainer.config_store import composition_error_line, register_code_configs
 
     register_code_configs()
-    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base=None):
-        cfg = compose("config", overrides=[*overrides, f"out_dir={out_dir}", "train.overwrite=true"])
+    try:
+        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base=None):
+            cfg = compose("config", overrides=[*overrides, f"out_dir={out_dir}", "train.overwrite=true"])
+    except (ConfigCompositionException, OverrideParseException) as e:
+        raise ConfigError(composition_error_line(e)) from None  # one line, as train.py says it
     tr = Trainer(parse_run_config(cfg), D.init_distributed(cfg.train.device, precision=cfg.train.precision))
     tr.setup()
     return tr
@@ -129,4 +135,4 @@ def run(a, ov, tmp: Path) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    report_user_errors(main)

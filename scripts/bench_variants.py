@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from common import report_user_errors
 from model import GPT, GPTConfig, VARIANTS
 
 
@@ -82,22 +83,27 @@ def main():
     args = ap.parse_args()
     arch_kw, arch_norm = arch_preset(args.arch)
 
-    def build(spec):
+    def config(spec):
         """A row `name[:key=value,...]`: model keys (GPTConfig fields) and the variant's norm.* keys."""
         name, _, rest = spec.partition(":")
         extra = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
         model_keys = {f.name for f in dataclasses.fields(GPTConfig)}
         model_kw = {k: yaml.safe_load(v) for k, v in extra.items() if k in model_keys}
         norm_kw = {k: yaml.safe_load(v) for k, v in extra.items() if k not in model_keys}
+        return GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
+                         n_embd=args.n_embd, norm={"name": name, **arch_norm, **norm_kw}, **{**arch_kw, **model_kw})
+
+    def build(spec):
         torch.manual_seed(0)
-        return GPT(GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
-                             n_embd=args.n_embd, norm={"name": name, **arch_norm, **norm_kw}, **{**arch_kw, **model_kw}))
+        return GPT(config(spec))
 
     g = torch.Generator().manual_seed(0)
     x = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
     y = torch.randint(0, args.vocab, (args.batch, args.seq), generator=g)
     modes = ["eager"] + (["compiled"] if args.compile else [])
     args.variants = [v for v in args.variants if v != "pre_ln"]  # the baseline every row is measured against
+    for spec in args.variants:
+        config(spec)  # a bad row: one line before the table starts
     print(f"# arch={args.arch}: {args.n_layer} layers, d={args.n_embd}, T={args.seq}, batch {args.batch}, vocab {args.vocab}, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} interleaved repeats")
     print("| variant | mode | time ratio | ms/step | pre_ln ms | saved MiB | memory ratio |")
@@ -125,4 +131,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    report_user_errors(main)  # a bad variant or option: one line

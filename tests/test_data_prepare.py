@@ -499,3 +499,15 @@ def test_verify_ends_with_a_line_that_every_sha256_matched(tmp_path, capsys):
     n = sum(len(s["shards"]) for s in json.loads((tmp_path / "v-bytes" / "meta.json").read_text())["splits"].values())
     assert capsys.readouterr().out.strip().splitlines()[-1] == \
         f"verified: the sha256 of all {n} shards matches {tmp_path / 'v-bytes' / 'meta.json'}"
+
+
+def test_prepare_cli_reports_a_bad_group_option_or_override_as_one_line(capsys):
+    from data.prepare import main
+
+    for argv, message in ((["data=nope"], "error: unknown data=nope: valid are fineweb_edu, local, "),
+                          (["data.max_docs=="], "error: bad override 'data.max_docs==': extraneous input '='"),
+                          (["data.max_docs=abc"], "error: bad config data.max_docs='abc': must be an integer")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.startswith(message) and err.count("\n") == 1, err

@@ -569,3 +569,19 @@ def test_sweep_validates_every_point_while_planning(tmp_path, capsys, grid, bad,
         assert e.value.code == 2 and f"# bad point {bad}: {msg}" in out
         assert err.strip().splitlines() == [err.strip()] and f"1 of 2 point(s) cannot run, nothing started: {bad}: " in err
         assert "rerun" not in out + err and not (tmp_path / "t").exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize("name, argv, message", [
+    ("bench_variants", ["--variants", "geonorm", "nope"], "error: unknown norm.name='nope': valid are pre_ln, "),
+    ("bench_sample", ["--norm", "nope"], "error: unknown norm.name='nope': valid are pre_ln, "),
+    ("bench_train", ["--steps", "1", "model.foo=1"], "error: unknown key(s) model.foo: valid keys are "),
+])
+def test_benchmarks_report_a_bad_variant_or_key_as_one_line(name, argv, message, monkeypatch, capsys):
+    from common import report_user_errors
+
+    bench = _load(name)
+    monkeypatch.setattr(sys, "argv", [f"{name}.py", *argv])
+    with pytest.raises(SystemExit) as e:
+        report_user_errors(bench.main)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith(message) and err.count("\n") == 1, err
