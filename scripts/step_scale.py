@@ -124,6 +124,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = ap.parse_args(argv[:cut])
+    if args.lr is not None and not 0 < args.lr < float("inf"):
+        raise SystemExit(f"bad --lr {args.lr}: must be a finite number > 0")
     common = argv[cut + 1:] or ["experiment=fidelity"]
     cells = DEFAULT_CELLS
     if args.cell:

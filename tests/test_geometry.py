@@ -125,10 +125,12 @@ def test_step_scale_script_table(pydocs, load_script, capsys):
     assert dlogits["a32"] > dlogits["a1"] > 0          # and the logit change of one step with them
 
 
-def test_step_scale_script_bad_cell_is_one_line():
+def test_step_scale_script_bad_cell_or_lr_is_one_line(load_script):
     out = subprocess.run([sys.executable, "scripts/step_scale.py", "--cell", "x"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "bad --cell 'x'" in out.stderr and "Traceback" not in out.stderr
+    with pytest.raises(SystemExit, match=r"^bad --lr -0.001: must be a finite number > 0$"):  # a step uphill
+        load_script("step_scale").main(["--lr=-1e-3"])
 
 
 # ---- knobs ----------------------------------------------------------------------------------------
