@@ -48,6 +48,8 @@ def main() -> None:
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"], help="as train.precision")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = p.parse_args()
+    if min(args.repeats, args.new_tokens) < 1:
+        raise SystemExit(f"--repeats={args.repeats}, --new-tokens={args.new_tokens}: each must be >= 1")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -98,6 +98,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=3, help="untimed bare steps first (allocator, compile)")
     ap.add_argument("overrides", nargs="*")
     a = ap.parse_args()
+    if a.repeats < 1 or a.warmup < 0:
+        raise SystemExit(f"--repeats={a.repeats}, --warmup={a.warmup}: need repeats >= 1, warmup >= 0")
     ov = [*a.overrides, f"train.max_steps={a.steps}"]
     tmp = Path(tempfile.mkdtemp(prefix="bench_train_"))
     try:

@@ -81,6 +81,8 @@ def main():
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
     ap.add_argument("--arch", default="gpt2", help="architecture preset, a file of configs/arch/ (default gpt2)")
     args = ap.parse_args()
+    if args.repeats < 1 or args.warmup < 0:
+        raise SystemExit(f"--repeats={args.repeats}, --warmup={args.warmup}: need repeats >= 1, warmup >= 0")
     arch_kw, arch_norm = arch_preset(args.arch)
 
     def config(spec):

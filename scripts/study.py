@@ -459,6 +459,8 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)  # Hydra overrides for every run follow `--`
     args = ap.parse_args(argv[:cut])
+    if args.jobs < 1:
+        raise SystemExit(f"--jobs={args.jobs}: must be >= 1")
     args.overrides = argv[cut + 1:]
     study = Study.load(args.study)
     if args.overrides or args.experiment not in (None, study.experiment):

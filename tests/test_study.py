@@ -118,6 +118,8 @@ def test_unknown_study_part_and_cell_are_one_line():
         S.main(["step_scale", "--cells", "nope"])
     with pytest.raises(SystemExit, match="unknown part 'x' of study step_scale: valid parts are grid, edge, chaos, trend"):
         S.main(["step_scale", "--part", "x"])
+    with pytest.raises(SystemExit, match=r"^--jobs=0: must be >= 1$"):  # not "sweep step_scale_a had failed points"
+        S.main(["step_scale", "--jobs", "0", "--part", "grid"])
 
 
 def fake_run_dir(sweep_dir, cell, arch, norm, optim, key, value, seed, loss, stats=()):
