@@ -15,7 +15,7 @@ Each point runs in `<runs-root>/<sweep>/<label>-s<seed>` with wandb group `<swee
 metrics.jsonl ends with a `summary` line is skipped, any other is (re)started with train.resume=auto,
 which resumes from its latest checkpoint (or starts over, if the point died before its first one). `<runs-root>/<sweep>/sweep.json` records each point's
 label, seed and overrides, which plot_curves.py and make_table.py use to group runs, and the fixed
-overrides: a sweep dir holding runs made with other fixed overrides is refused, not mixed in.
+overrides and experiment: a sweep dir holding runs made with others is refused, not mixed in.
 """
 from __future__ import annotations
 
@@ -242,8 +242,8 @@ def write_manifest(sweep_dir: Path, sweep: str, args, points: list[dict]) -> Non
 
 
 def check_fixed_overrides(sweep_dir: Path, args) -> None:
-    """The runs of a sweep dir share its fixed overrides: a run made with others (a quick check's
-    train.max_steps=8) would otherwise count as a finished point of this sweep."""
+    """The runs of a sweep dir share its experiment and fixed overrides: a run made with others (a quick
+    check's train.max_steps=8) would otherwise count as a finished point of this sweep."""
     path = sweep_dir / "sweep.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
     before, made_with = old.get("fixed_overrides", []), old.get("experiment")
