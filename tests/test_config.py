@@ -218,7 +218,7 @@ def test_optimizer_and_schedule_keys_belong_to_their_component():
     from trainer.schedules import SCHEDULES
 
     with pytest.raises(ConfigError, match=r"^bad config optim.decay_frac=0.4: not an option of optim.schedule=cosine "
-                                          r"\(its options: none\); optim.decay_frac=null drops a value a config file set$"):
+                                          r"\(its options: none\); if a config file set it, optim.decay_frac=null drops it$"):
         optim_config({"name": "muon", "schedule": "cosine", "decay_frac": 0.4})
     # optim=muon's file nests its schedule's keys, so naming another schedule drops them with it
     assert parse_run_config(composed("optim=muon")).optim.schedule == SCHEDULES["wsd"].Options(name="wsd", decay_frac=0.4)

@@ -86,7 +86,7 @@ def optim_config(node: Any = None) -> OptimConfig:
         given, sched = {**nested, **given}, sched.get("name", ScheduleOptions.name)  # optim.<key> wins
     schedules = union_keys(s.Options for s in SCHEDULES.values())
     mine = {k: given.pop(k) for k in list(given) if k in schedules}
-    hint = "; {key}=null drops a value a config file set"
+    hint = "; if a config file set it, {key}=null drops it"
     schedule = own_options(SCHEDULES[sched].Options, {"name": sched, **mine}, "optim", f"optim.schedule={sched}",
                            schedules, hide=("name",), hint=hint)
     return own_options(OPTIMIZERS[name].Options, {"name": name, **given, "schedule": schedule}, "optim",
