@@ -69,14 +69,21 @@ class EvalConfig:
         return dataclasses.asdict(self)
 
 
+def _text_flag(name: str) -> bool:
+    """A name, a path or `tasks` (a comma list): the flag's text as it is; any other key: a YAML value."""
+    return typing.get_type_hints(EvalConfig)[name] in (str, Optional[str], list)
+
+
 def add_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", default=None, metavar="FILE",
                         help="YAML of eval keys to change (default: none; EvalConfig's defaults)")
     docs, default = field_docs(EvalConfig), EvalConfig()
     for f in fields(EvalConfig):
         shown = ",".join(default.tasks) if f.name == "tasks" else yaml.safe_dump(getattr(default, f.name)).split("\n")[0]
+        nullable = type(None) in typing.get_args(typing.get_type_hints(EvalConfig)[f.name])
+        how = ("" if _text_flag(f.name) else "; a YAML value") + ("; null unsets" if nullable else "")
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="VALUE",
-                            help=f"{docs[f.name]} (default: {shown}; a YAML value, 'null' unsets)".replace("%", "%%"))
+                            help=f"{docs[f.name]} (default: {shown}{how})".replace("%", "%%"))
 
 
 def from_args(args: argparse.Namespace) -> EvalConfig:
@@ -88,12 +95,11 @@ def from_args(args: argparse.Namespace) -> EvalConfig:
         raise EvalConfigError(f"cannot read eval config {args.config}: {e}") from None
     if not isinstance(base, dict):
         raise EvalConfigError(f"eval config {args.config} must be a mapping of keys to values")
-    hints = typing.get_type_hints(EvalConfig)
     for name, text in ((f.name, getattr(args, f.name)) for f in fields(EvalConfig)):
         if text is not None:
             try:
                 v = yaml.safe_load(text)
             except yaml.YAMLError:
                 v = text  # no YAML value: a number's or a switch's check names the key
-            base[name] = text if hints[name] in (str, Optional[str], list) and v is not None else v
+            base[name] = text if _text_flag(name) and v is not None else v
     return build(EvalConfig, base, "eval", error=EvalConfigError)
