@@ -211,6 +211,28 @@ def set_values(node: Mapping) -> dict:
     return out
 
 
+def composition_error_line(e: BaseException, groups: Mapping) -> str:
+    """One line for a Hydra composition error: an unknown group option, an unknown key of `groups` (the
+    schema, {group: {key: default}}), bad syntax (the parser's reason)."""
+    options, missing = getattr(e, "options", None), getattr(e, "missing_cfg_file", None)
+    if options and missing and "/" in missing:  # `norm=nope`
+        group, name = missing.rsplit("/", 1)
+        return f"unknown {group}={name}: valid are {', '.join(options)}"
+    full_key = getattr(e.__cause__, "full_key", None)
+    if full_key and "." in full_key:  # `model.foo=1`: a key the group does not have
+        node = groups
+        for part in full_key.split(".")[:-1]:
+            node = node.get(part) if isinstance(node, Mapping) else None
+        if isinstance(node, Mapping):
+            return f"unknown key(s) {full_key}: valid keys are {', '.join(node)}"
+    lines = str(e).strip().splitlines() or [type(e).__name__]
+    if getattr(e, "override", None):  # bad syntax: line 1 repeats the override, line 2 says what is wrong
+        return f"bad override {e.override!r}: {' '.join(lines[min(1, len(lines) - 1)].split())}"
+    first = " ".join(lines[0].split())
+    cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None and str(e.__cause__).strip() else ""
+    return f"{first}: {cause}" if cause and cause not in first else first
+
+
 _FIELD_LINE = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+?)\s*$")
 
 

@@ -502,27 +502,24 @@ def _batched(stream, start: int, cfg: DataConfig):
 
 # ----------------------------------------------------------------------------------------------- CLI
 def compose_data_config(overrides: list[str]):
-    """Compose only the `data` group from configs/ with Hydra: `data=<name>` plus `data.key=value`."""
+    """Compose only the `data` group from configs/ with Hydra, `data=<name> data.key=value ...`, over the
+    schema of every data.* key at its DataConfig default (as train.py's base_config holds it)."""
     from hydra import compose, initialize_config_dir
+    from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    cfg_dir = Path(__file__).resolve().parent.parent / "configs"
-    group = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") == "data"]
-    # every data.* key has its default in DataConfig: `data.key=value` sets it whether or not the YAML names it
-    rest = [f"++{o}" if o.startswith("data.") else o for o in overrides if o not in group]
-    choice = group[-1].split("=", 1)[1] if group else "pydocs"
+    from common.config import composition_error_line, defaults
+
+    schema = {"data": defaults(DataConfig)}
+    ConfigStore.instance().store(name="data_only", node={"defaults": ["_self_", {"data": "pydocs"}], **schema})
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
-            return compose(config_name=None, overrides=[f"+data={choice}"] + rest).data
-    except HydraException as e:  # one line, as train.py reports a composition error
-        if getattr(e, "options", None):  # `data=nope`
-            raise ConfigError(f"unknown data={choice}: valid are {', '.join(e.options)}") from None
-        if getattr(e, "override", None):  # bad syntax: the override as typed, and what the parser expected
-            lines = str(e).splitlines()
-            raise ConfigError(f"bad override {e.override.lstrip('+')!r}: {lines[1] if len(lines) > 1 else lines[0]}") from None
-        raise ConfigError(" ".join(str(e).splitlines()[0].split())) from None
+        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parent.parent / "configs"),
+                                   version_base=None):
+            return compose(config_name="data_only", overrides=overrides).data
+    except HydraException as e:
+        raise ConfigError(composition_error_line(e, schema)) from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,14 +78,15 @@ def harness_loop(tr: Trainer) -> tuple:
 def make_trainer(overrides, out_dir):
     from hydra.errors import ConfigCompositionException, OverrideParseException
 
-    from trainer.config_store import composition_error_line, register_code_configs
+    from common.config import composition_error_line
+    from trainer.config_store import group_defaults, register_code_configs
 
     register_code_configs()
     try:
         with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base=None):
             cfg = compose("config", overrides=[*overrides, f"out_dir={out_dir}", "train.overwrite=true"])
     except (ConfigCompositionException, OverrideParseException) as e:
-        raise ConfigError(composition_error_line(e)) from None  # one line, as train.py says it
+        raise ConfigError(composition_error_line(e, group_defaults())) from None  # one line, as train.py says it
     tr = Trainer(parse_run_config(cfg), D.init_distributed(cfg.train.device, precision=cfg.train.precision))
     tr.setup()
     return tr

@@ -372,7 +372,8 @@ def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
 
     from common import UserError
     from trainer.config import parse_run_config
-    from trainer.config_store import composition_error_line, register_code_configs
+    from common.config import composition_error_line
+    from trainer.config_store import group_defaults, register_code_configs
 
     register_code_configs()
     bad = []
@@ -384,7 +385,7 @@ def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
             except UserError as e:
                 bad.append((p["dir"], " ".join(str(e).split())))
             except HydraException as e:
-                bad.append((p["dir"], composition_error_line(e)))
+                bad.append((p["dir"], composition_error_line(e, group_defaults())))
     for d, msg in bad:
         print(f"# bad point {d}: {msg}")
     if bad:

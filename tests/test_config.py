@@ -12,7 +12,7 @@ from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from common import ConfigError
-from common.config import build, field_docs
+from common.config import build, composition_error_line, field_docs
 from data.config import DataConfig
 from evaluation.config import EvalConfig
 from model.config import GPTConfig, ModelGroup
@@ -20,7 +20,7 @@ from model.variants import VARIANTS
 from trainer.config import (GroupConfig, LoggingConfig, OptimConfig, TrainConfig, WandbConfig, optim_config,
                             parse_run_config)
 from trainer.optim import MuonSettings
-from trainer.config_store import composition_error_line, group_defaults, register_code_configs
+from trainer.config_store import group_defaults, register_code_configs
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -87,7 +87,7 @@ def test_composition_errors_become_one_line():
             ("optim.groups.gains.lr_mult=2", "unknown key(s) optim.groups.gains: valid keys are matrices, embeddings, vectors, scalars")):
         with pytest.raises(ConfigCompositionException) as e:
             composed(override)
-        assert composition_error_line(e.value) == msg
+        assert composition_error_line(e.value, group_defaults()) == msg
 
 
 @pytest.mark.slow

@@ -51,26 +51,6 @@ def register_code_configs(config_dir: Path = CONFIG_DIR, from_cache: bool = Fals
     return stored
 
 
-def composition_error_line(e: BaseException, groups: dict | None = None) -> str:
-    """One line for a Hydra composition error: an unknown group option, an unknown key, bad syntax."""
-    options, missing = getattr(e, "options", None), getattr(e, "missing_cfg_file", None)
-    if options and missing and "/" in missing:  # `norm=nope`
-        group, name = missing.rsplit("/", 1)
-        return f"unknown {group}={name}: valid are {', '.join(options)}"
-    full_key = getattr(e.__cause__, "full_key", None)
-    if full_key and "." in full_key:  # `model.foo=1`: a key the group does not have
-        node = groups if groups is not None else group_defaults()
-        for part in full_key.split(".")[:-1]:
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            return f"unknown key(s) {full_key}: valid keys are {', '.join(node)}"
-    if getattr(e, "override", None):  # bad override syntax
-        return f"bad override {e.override!r}: {' '.join(str(e).splitlines()[0].split())}"
-    first = " ".join(str(e).strip().splitlines()[0].split()) if str(e).strip() else type(e).__name__
-    cause = str(e.__cause__).strip().splitlines()[0] if e.__cause__ is not None and str(e.__cause__).strip() else ""
-    return f"{first}: {cause}" if cause and cause not in first else first
-
-
 def run_hydra(hydra_main) -> None:
     """Run a @hydra.main entry point with composition errors and an uncreatable run dir reported as one
     line and exit status 2 (HYDRA_FULL_ERROR=1 keeps Hydra's own report); the task reports its own."""
@@ -82,6 +62,8 @@ def run_hydra(hydra_main) -> None:
     try:
         hydra_main()
     except (ConfigCompositionException, OverrideParseException) as e:
+        from common.config import composition_error_line
+
         from .cli_cache import cached
 
         print(f"error: {composition_error_line(e, cached('schema', _schema)[0])}", file=sys.stderr)
