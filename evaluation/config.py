@@ -12,7 +12,7 @@ from typing import Annotated, Optional
 import yaml
 
 from common import ConfigError
-from common.config import NonNegInt, PosInt, Range, bad, build, check, field_docs
+from common.config import NonNegInt, PosInt, Range, bad, build, check, field_docs, type_hints
 from runtime.launch import PRECISION_CHOICES, precision_name
 
 # lm-eval's zero-shot tasks reported by default (README "Evaluation").
@@ -71,7 +71,7 @@ class EvalConfig:
 
 def _text_flag(name: str) -> bool:
     """A name, a path or `tasks` (a comma list): the flag's text as it is; any other key: a YAML value."""
-    return typing.get_type_hints(EvalConfig)[name] in (str, Optional[str], list)
+    return type_hints(EvalConfig)[name] in (str, Optional[str], list)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -80,7 +80,7 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     docs, default = field_docs(EvalConfig), EvalConfig()
     for f in fields(EvalConfig):
         shown = ",".join(default.tasks) if f.name == "tasks" else yaml.safe_dump(getattr(default, f.name)).split("\n")[0]
-        nullable = type(None) in typing.get_args(typing.get_type_hints(EvalConfig)[f.name])
+        nullable = type(None) in typing.get_args(type_hints(EvalConfig)[f.name])
         how = ("" if _text_flag(f.name) else "; a YAML value") + ("; null unsets" if nullable else "")
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="VALUE",
                             help=f"{docs[f.name]} (default: {shown}{how})".replace("%", "%%"))
