@@ -32,7 +32,7 @@ def config_help(config_dir: Path) -> str:
 
     from .config import LoggingConfig, TrainConfig
     from .config_store import register_code_configs
-    from .optim import OPTIMIZERS
+    from .optim import OPTIMIZERS, flat_schedule
     from .schedules import SCHEDULES
 
     config_dir = Path(config_dir)
@@ -60,9 +60,7 @@ def config_help(config_dir: Path) -> str:
     lines += ["", "Options (key=default  doc), as the default groups compose them:"]
     for group in ("train", "optim", "logging", "model", "norm", "data"):
         lines += ["", f"{group}.*  (defaults: {group}={picked.get(group, '')})"]
-        node = cfg[group]
-        if isinstance(node.get("schedule"), dict):  # a file's nested schedule: shown as on the command line
-            node = {**node, **node["schedule"], "name": node["name"], "schedule": node["schedule"]["name"]}
+        node = flat_schedule(cfg[group]) if group == "optim" else cfg[group]  # as on the command line
         chosen = {"", node.get("name"), node.get("schedule")}
         for key, value in node.items():
             mine = [(n, c) for n, c in readers[group] if key in own[c]]

@@ -73,17 +73,24 @@ class OptimConfig:
             bad("optim.min_lr", self.min_lr, f"must be in [0, optim.lr={self.lr}]")
 
 
+def flat_schedule(node: Mapping) -> dict:
+    """The `optim` group as the command line spells it: a file's nested `schedule: {name: wsd, decay_frac:
+    0.4}` (or asdict's) as `schedule: wsd` with its keys beside the others, where `optim.<key>` set wins."""
+    sched = node.get("schedule")
+    if not isinstance(sched, Mapping):
+        return dict(node)
+    nested = {k: v for k, v in sched.items() if k != "name" and node.get(k) is None}
+    return {**node, **nested, "schedule": sched.get("name", ScheduleOptions.name)}
+
+
 def optim_config(node: Any = None) -> OptimConfig:
     """The `optim` group as the chosen optimizer's Options, holding the chosen schedule's. A null value is
     the component's default; a key that only another optimizer or schedule reads is one line naming the
     chosen one and its keys (`optim.decay_frac=null` drops a file's top-level value)."""
-    plain, shared = to_plain(node or {}), {f.name for f in dataclasses.fields(OptimConfig)}
+    plain, shared = flat_schedule(to_plain(node or {})), {f.name for f in dataclasses.fields(OptimConfig)}
     given = {**set_values({k: v for k, v in plain.items() if k not in shared}),
              **{k: v for k, v in plain.items() if k in shared and v is not None}}
     name, sched = given.pop("name", OptimConfig.name), given.pop("schedule", ScheduleOptions.name)
-    if isinstance(sched, Mapping):  # a file's `schedule: {name: wsd, decay_frac: 0.4}`, or asdict of an OptimConfig
-        nested = {k: v for k, v in sched.items() if k != "name" and v is not None}
-        given, sched = {**nested, **given}, sched.get("name", ScheduleOptions.name)  # optim.<key> wins
     schedules = union_keys(s.Options for s in SCHEDULES.values())
     mine = {k: given.pop(k) for k in list(given) if k in schedules}
     hint = "; if a config file set it, {key}=null drops it"
