@@ -321,6 +321,20 @@ def test_resume_reports_config_changes_and_guards_exactness(tmp_path, caplog):
     assert ck.load_checkpoint(ck.find_latest(tmp_path))["step"] == 4
 
 
+def test_resume_reads_the_older_flat_spelling_of_a_nested_schedule_as_the_same_config(tmp_path, caplog):
+    from omegaconf import OmegaConf
+
+    now = OmegaConf.to_container(make_cfg(tmp_path, "optim=muon"), resolve=True)
+    assert now["optim"]["schedule"] == {"name": "wsd", "decay_frac": 0.4}
+    saved = OmegaConf.to_container(make_cfg(tmp_path, "optim=muon"), resolve=True)
+    saved["optim"].update(schedule="wsd", decay_frac=0.4)  # how a run of optim=muon saved it when it was flat
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        assert not resume.check_config_changes(tmp_path, now, saved, resume_force=False)
+        saved["optim"]["decay_frac"] = 0.2
+        assert resume.check_config_changes(tmp_path, now, saved, resume_force=False)
+    assert "changed config: optim.decay_frac 0.2 -> 0.4" in caplog.text
+
+
 def test_warmup_longer_than_the_run_warns(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="nanonorm.train"):
         train(make_cfg(tmp_path, "train.max_steps=3", "optim.warmup_steps=10"))

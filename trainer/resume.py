@@ -15,6 +15,7 @@ from common import ConfigError, UserError
 from data.config import DataConfig
 from runtime.checkpoint import CheckpointError, ckpt_dir, find_latest, resolve_checkpoint
 
+from .optim import flat_schedule
 from .sinks import truncate_jsonl
 
 log = logging.getLogger("nanonorm.train")
@@ -77,7 +78,7 @@ MODEL_PREFIXES = ("norm.",)
 def check_config_changes(path: Path, now: dict, saved: dict, resume_force: bool) -> bool:
     """Warn about keys of the composed config that differ from the checkpoint's; refuse a change of an
     exactness key unless `resume_force`. True when any key differs."""
-    now, before = flatten(now), flatten(saved)
+    now, before = flatten(_spelled(now)), flatten(_spelled(saved))
     changed = [k for k in sorted(set(now) | set(before))
                if now.get(k) != before.get(k) and k not in RESUME_KEYS and not k.startswith(MODEL_PREFIXES)]
     if not changed:
@@ -93,6 +94,12 @@ def check_config_changes(path: Path, now: dict, saved: dict, resume_force: bool)
     log.warning(f"resuming {path} with a changed config: {show(changed)}"
                 + (" (the data order differs from an uninterrupted run)" if breaking else ""))
     return True
+
+
+def _spelled(cfg: dict) -> dict:
+    """The `optim` group as the command line spells it, so that a nested schedule (`schedule: {name: wsd,
+    decay_frac: 0.4}`) compares equal to the flat form that runs saved before optim=muon nested it."""
+    return {**cfg, "optim": flat_schedule(cfg["optim"])} if isinstance(cfg.get("optim"), dict) else cfg
 
 
 def check_compatible(path: Path, ckpt: dict, model_config: dict, tokenizer: str) -> None:
