@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from common import ConfigError
 
-from .launch import env_rank, precision_name  # noqa: F401  (env_rank: the rank before a process group exists)
+from .launch import TORCH_NAMES, env_rank, precision_name  # noqa: F401  (env_rank: the rank before a process group exists)
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ def init_distributed(device_pref: str = "auto", key: str = "train.device", preci
 
 # --- precision -----------------------------------------------------------------------------------
 
-PRECISIONS = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}  # the names: runtime.launch
+PRECISIONS = {name: getattr(torch, torch_name) for name, torch_name in TORCH_NAMES.items()}
 
 
 def resolve_precision(name: str, device: torch.device) -> str:

@@ -23,8 +23,9 @@ def hydra_argv_for_rank(argv: list[str], rank: int) -> list[str]:
 
 
 # train.precision and eval's/sample's --dtype: one set of names (their torch dtypes: runtime.distributed).
-PRECISION_CHOICES = ("auto", "bf16", "fp16", "fp32")
-_ALIASES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}  # torch's names, accepted by eval/sample
+TORCH_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}  # torch's names, accepted by eval/sample
+PRECISION_CHOICES = ("auto", *TORCH_NAMES)
+_ALIASES = {torch_name: name for name, torch_name in TORCH_NAMES.items()}
 
 
 def precision_name(name) -> str | None:

@@ -383,6 +383,10 @@ def test_training_and_evaluation_share_precision_names_and_auto(monkeypatch):
     from runtime.launch import PRECISION_CHOICES
 
     assert PRECISION_CHOICES == ("auto", *D.PRECISIONS)  # the torch-free names and their dtypes agree
+    assert D.PRECISIONS == {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    from common.config import literal_choices, type_hints
+    from trainer.config import TrainConfig
+    assert literal_choices(type_hints(TrainConfig)["precision"]) == PRECISION_CHOICES  # train.precision's Literal
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
     assert D.resolve_precision("auto", cpu) == "fp32"
