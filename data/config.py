@@ -16,7 +16,7 @@ class DataConfig:
     name: Name                        # the corpus's name; the prepared dir is <root>/<name>[-<subset>]-<tokenizer>
     tokenizer: Name = "bytes"         # bytes (257 ids) | gpt2 (GPT-2 BPE)
     root: Optional[Name] = None       # prepared data root; null: $NANONORM_DATA, else data_cache
-    source: Name = "pydocs"           # pydocs | hf | local | shards (existing llm.c .bin files in `path`)
+    source: Name = "pydocs"           # pydocs | pysrc | hf | local | shards (existing llm.c .bin files in `path`)
     path: Optional[str] = None        # hf: the dataset (datasets.load_dataset(path, name=subset, ...)); shards: their dir
     subset: Optional[str] = None      # hf: the dataset's config name
     revision: Optional[str] = None    # hf: pin a commit for reproducibility

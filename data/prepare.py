@@ -525,7 +525,7 @@ def compose_data_config(overrides: list[str]):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") for a in argv):
-        print("usage: python -m data.prepare [data=pydocs|local|openwebtext|fineweb_edu] [data.KEY=VALUE ...] "
+        print("usage: python -m data.prepare [data=pydocs|pysrc|local|openwebtext|fineweb_edu] [data.KEY=VALUE ...] "
               "[--force] [--verify]\n  --force: rebuild from scratch; --verify: check every shard's sha256")
         return 0
     flags = {a for a in argv if a.startswith("--")}

@@ -2,6 +2,8 @@
 so doc index i is stable (val split, resume).
 
 - pydocs: offline default; English prose from the running Python (pydoc_data topics + stdlib docstrings).
+- pysrc:  offline long-horizon corpus; the Python source files of the stdlib and of every package that
+          nanonorm's own install brings in (~230M bytes), one document per file, deduplicated.
 - hf:     any Hugging Face hub dataset through `datasets.load_dataset` (optionally streaming).
 - local:  the user's .txt/.jsonl/.json/.parquet globs through the SAME `datasets.load_dataset` path.
 - shards: existing llm.c shard files, adopted as they are by prepare.py (no documents to stream).
@@ -11,9 +13,11 @@ from __future__ import annotations
 
 import ast
 import glob
+import hashlib
 import itertools
 import logging
 import os
+import re
 import sys
 import sysconfig
 from dataclasses import dataclass, field
@@ -120,6 +124,135 @@ def _pydocs_stream() -> Stream:
     return Stream("pydocs", None, total, batches,
                   {"python": sys.version.split()[0], "implementation": sys.implementation.name,
                    "stdlib": sysconfig.get_paths()["stdlib"]})
+
+
+# ------------------------------------------------------------------------------------------------ pysrc
+# Long horizons need a corpus many times larger than pydocs that a fresh machine already has offline: the
+# .py files of the standard library and of the distributions `pip install -e .` pulls in (torch, numpy,
+# scipy, pandas, ...). Code, docstrings and comments, ~230M bytes on CPython 3.11: a 32-tokens-per-parameter
+# run of a 0.25M-parameter model reads a few percent of it, once.
+PYSRC_MAX_FILE_BYTES = 262_144   # larger .py files are generated tables (chardet, unicode data), not source
+PYSRC_ROOT_DIST = "nanonorm"
+
+
+def _dist_key(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def required_distributions(root: str = PYSRC_ROOT_DIST) -> list:
+    """The installed distributions `root` requires, transitively (markers evaluated, no extras), sorted
+    by name; `root` itself excluded. Raises DataError when `root` is not installed."""
+    import importlib.metadata as md
+
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        md.distribution(root)
+    except md.PackageNotFoundError:
+        raise DataError(f"data.source=pysrc reads the packages that {root}'s install requires, and {root} is not "
+                        "installed: run pip install -e . first") from None
+    seen, todo = {}, [root]
+    while todo:
+        name = todo.pop()
+        key = _dist_key(name)
+        if key in seen:
+            continue
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:  # an optional dependency not installed here
+            seen[key] = None
+            continue
+        seen[key] = dist
+        for spec in dist.requires or []:
+            try:
+                req = Requirement(spec)
+            except InvalidRequirement:
+                continue
+            if req.marker is None or req.marker.evaluate({"extra": ""}):
+                todo.append(req.name)
+    seen.pop(_dist_key(root), None)
+    return [seen[k] for k in sorted(seen) if seen[k] is not None]
+
+
+def _stdlib_files() -> list[tuple[str, str]]:
+    """(relative path, path) of the stdlib's .py files (tests included: they are code too), sorted."""
+    root = sysconfig.get_paths()["stdlib"]
+    out = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in ("site-packages", "dist-packages", "__pycache__")
+                       and not d.startswith(".")]
+        out += [(os.path.relpath(os.path.join(dirpath, f), root), os.path.join(dirpath, f))
+                for f in filenames if f.endswith(".py")]
+    return sorted(out)
+
+
+def _dist_files(dist) -> list[tuple[str, str]]:
+    return sorted((str(f), str(dist.locate_file(f))) for f in (dist.files or []) if str(f).endswith(".py"))
+
+
+def pysrc_index(groups: list[tuple[str, list[tuple[str, str]]]], max_bytes: int = PYSRC_MAX_FILE_BYTES):
+    """The corpus's documents from `groups` [(label, [(relative path, path)])], in that order: each file
+    read once, kept when it is UTF-8, non-empty, at most `max_bytes` and not an exact copy of an earlier
+    file. Returns (paths kept, info): info holds the composition per group, what was skipped and why,
+    and `sha256`, a hash of every kept file's label, path and content in order."""
+    kept, digests, composition = [], set(), []
+    skipped = {"duplicate": 0, "too_large": 0, "not_utf8": 0, "empty_or_unreadable": 0}
+    corpus_hash = hashlib.sha256()
+    for label, files in groups:
+        n, nbytes = 0, 0
+        for rel, path in files:
+            try:
+                if os.path.getsize(path) > max_bytes:
+                    skipped["too_large"] += 1
+                    continue
+                with open(path, "rb") as f:
+                    raw = f.read()
+            except OSError:
+                skipped["empty_or_unreadable"] += 1
+                continue
+            if not raw.strip():
+                skipped["empty_or_unreadable"] += 1
+                continue
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                skipped["not_utf8"] += 1
+                continue
+            digest = hashlib.sha256(raw).digest()
+            if digest in digests:
+                skipped["duplicate"] += 1
+                continue
+            digests.add(digest)
+            corpus_hash.update(f"{label}/{rel}\0".encode() + digest)
+            kept.append(path)
+            n, nbytes = n + 1, nbytes + len(raw)
+        composition.append({"group": label, "files": n, "bytes": nbytes})
+    info = {"documents": len(kept), "bytes": sum(c["bytes"] for c in composition), "sha256": corpus_hash.hexdigest(),
+            "max_file_bytes": max_bytes, "skipped": skipped, "composition": composition}
+    return kept, info
+
+
+def _pysrc_stream() -> Stream:
+    groups = [(f"stdlib (Python {sys.version.split()[0]})", _stdlib_files())]
+    groups += [(f"{d.metadata['Name']}=={d.version}", _dist_files(d)) for d in required_distributions()]
+    paths, info = pysrc_index(groups)
+    if not paths:
+        raise DataError("data.source=pysrc: no readable .py files in the stdlib or the installed packages")
+
+    def batches(skip):
+        for i in range(skip, len(paths), 64):
+            out = []
+            for p in paths[i:i + 64]:
+                with open(p, encoding="utf-8") as f:
+                    out.append(f.read())
+            yield out
+
+    return Stream("pysrc", None, len(paths), batches, {"python": sys.version.split()[0], **info})
+
+
+@SOURCES.register("pysrc")
+def _pysrc_source(cfg: DataConfig) -> list[Stream]:
+    return [_pysrc_stream()]
 
 
 # ------------------------------------------------------------------------------------------- datasets

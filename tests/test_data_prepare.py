@@ -355,7 +355,7 @@ def test_pydocs_default_corpus(tmp_path, pydocs):
     assert len(list(ValLoader(out, 8, 64, token_budget=64 * 20))) == 3
 
 
-@pytest.mark.parametrize("name", ["pydocs", "local", "openwebtext", "fineweb_edu"])
+@pytest.mark.parametrize("name", ["pydocs", "pysrc", "local", "openwebtext", "fineweb_edu"])
 def test_hydra_configs_validate(name, monkeypatch):
     monkeypatch.setenv("NANONORM_DATA", "/some/root")
     c = DataConfig.from_any(compose_data_config([f"data={name}", "data.tokenizer=gpt2"]
