@@ -54,15 +54,18 @@ def find_latest(run_dir: Union[str, Path]) -> Optional[Path]:
     return found[-1] if found else None
 
 
-def save_checkpoint(state: dict, run_dir: Union[str, Path], step: int, keep_last: int) -> Path:
-    """Write atomically (temp name, fsync, rename); then delete all but the newest keep_last."""
+def save_checkpoint(state: dict, run_dir: Union[str, Path], step: int, keep_last: int, keep_steps=()) -> Path:
+    """Write atomically (temp name, fsync, rename); then delete all but the newest keep_last, and those
+    of `keep_steps` (branch points, kept whatever keep_last says)."""
     path = ckpt_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"format": FORMAT, "version": VERSION, **state, "step": step}
     with atomic_open(path, "wb") as f:
         torch.save(state, f)
+    keep = {ckpt_path(run_dir, k).name for k in keep_steps}
     for old in list_checkpoints(run_dir)[:-keep_last]:
-        old.unlink(missing_ok=True)
+        if old.name not in keep:
+            old.unlink(missing_ok=True)
     return path
 
 

@@ -32,6 +32,7 @@ class TrainConfig:
     eval_batch_size: Optional[PosInt] = None  # null = micro_batch_size
     ckpt_interval: PosInt = 200           # steps between checkpoints (also at the end and on SIGTERM/SIGUSR1)
     keep_last: PosInt = 3                 # checkpoints kept
+    ckpt_steps: tuple = ()                # also checkpoint after these steps, and keep them (cooldown branch points)
     resume: str = "none"                  # none | auto (newest checkpoint in the run dir) | path to a ckpt_*.pt
     resume_force: bool = False            # resume though train.seed, batch_tokens or data.* changed
     overwrite: bool = False               # start fresh in a run dir holding a run (deletes its checkpoints/metrics)
@@ -45,6 +46,8 @@ class TrainConfig:
         check(self, "train")
         if not self.resume:
             bad("train.resume", self.resume, "none | auto | path to a ckpt_*.pt")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in self.ckpt_steps):
+            bad("train.ckpt_steps", list(self.ckpt_steps), "must be a list of positive step numbers")
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,9 @@ class Trainer:
         self._init_run_state()
         # a resume loads the run's state (trainer/resume.py) and says whether the config differs from its
         config_changed = resume.restore(self, resume_path) if resume_path is not None else False
+        self.branched = resume_path is not None and self.run_dir.resolve() not in resume_path.resolve().parents
+        if self.branched:  # another run's checkpoint (a cooldown branch): a run of its own from that step
+            self.wandb_run_id, self.train_s_before, config_changed = None, 0.0, False
         self._wrap_model()
         self.flops_per_token = float(self.model.flops_per_token())
         self.peak = peak_flops(self.device, self.precision)
@@ -172,7 +175,8 @@ class Trainer:
             self.step, n_buf = s, n_buf + 1
             self.stop.note(s)
             last = s == train_cfg.max_steps
-            is_ckpt = s % train_cfg.ckpt_interval == 0 or last or (train_cfg.stop_at is not None and s >= train_cfg.stop_at)
+            is_ckpt = (s % train_cfg.ckpt_interval == 0 or last or s in train_cfg.ckpt_steps
+                       or (train_cfg.stop_at is not None and s >= train_cfg.stop_at))
             if is_stats:
                 with timer.exclude():
                     self.log_stats(s, stats_inputs)
@@ -309,7 +313,8 @@ class Trainer:
         rng = distributed.gather_objects(checkpoint.rng_state())  # every rank's streams, for an exact resume
         path = None
         if self.dist.is_main:
-            path = checkpoint.save_checkpoint(resume.state(self, rng), self.run_dir, self.step, self.train_cfg.keep_last)
+            path = checkpoint.save_checkpoint(resume.state(self, rng), self.run_dir, self.step, self.train_cfg.keep_last,
+                                              self.train_cfg.ckpt_steps)
             if self.log_cfg.console:
                 log.info(f"saved {path}")
         distributed.barrier()

@@ -167,7 +167,8 @@ def start_line(tr, resume_path) -> str:
     return (f"run dir {tr.run_dir} | {m.norm.name} | {tr.model.num_params() / 1e6:.2f}M params | "
             f"{tr.dist.world_size} rank(s) x {t.micro_batch_size} seq x {m.block_size} tok x {tr.accum} accum = "
             f"{t.batch_tokens} tok/step | {tr.precision} | compile={tr.use_compile} | device {tr.device}"
-            + (f" | resumed from {resume_path} at step {tr.step}" if resume_path else ""))
+            + (f" | {'branched' if getattr(tr, 'branched', False) else 'resumed'} from {resume_path} at step {tr.step}"
+               if resume_path else ""))
 
 
 def summary_record(tr, diverged: bool, wall_s: float) -> dict:

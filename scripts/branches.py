@@ -1,0 +1,154 @@
+"""Many horizons for the price of one: a constant-lr trunk and a WSD cooldown branch at each horizon.
+
+    python scripts/branches.py --horizons 250,1000,4000 --out runs/hz/pre_ln -- norm=pre_ln optim.lr=3e-3
+    python scripts/branches.py --horizons 250,1000,4000 --out runs/hz/pre_ln --dry-run -- ...   # the plan
+
+A `wsd` run of H steps holds the peak lr until step H - round(decay_frac * H) and then decays linearly to
+optim.min_lr (trainer/schedules.py). Up to that step it is the same run whatever H is, so one trunk run of
+the longest horizon (itself the longest horizon's `wsd` run) checkpoints at each shorter horizon's decay
+start (`train.ckpt_steps`), and a branch resumed from that checkpoint with `train.max_steps=H` is the
+`wsd` run of H steps, bitwise (same seed, same data order: the loader's order is a pure function of the
+step; tests/test_branches.py checks it). Hagele et al. 2024 (arXiv 2405.18392) show that such cooldowns
+match cosine runs of the same length. The cost is the trunk plus decay_frac of every shorter horizon:
+1 + decay_frac * sum(H) / max(H) of the longest run (1.13x for 1, 4, 16, 32 at decay_frac 0.2).
+
+Layout under --out: trunk/ (the run of max(H) steps), h<H>/ (a branch per shorter horizon), and
+horizons.json (per horizon: steps, tokens, final validation loss, run dir, training seconds). Rerunning
+resumes: a finished run is skipped, an interrupted one continues from its own checkpoint.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import runlib
+from data.files import atomic_write
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def decay_start(horizon: int, decay_frac: float) -> int:
+    """The step after which a `wsd` run of `horizon` steps starts to decay (trainer/schedules.py)."""
+    return horizon - max(1, round(decay_frac * horizon))
+
+
+def plan(horizons: list[int], decay_frac: float, warmup: int = 0) -> dict:
+    """{"trunk": longest horizon, "branches": {H: decay start of H}} for the shorter horizons."""
+    hs = sorted(set(int(h) for h in horizons))
+    if not hs or hs[0] < 1:
+        raise SystemExit(f"--horizons {horizons}: give positive step counts")
+    if not 0 < decay_frac < 1:
+        raise SystemExit(f"--decay-frac {decay_frac}: must be in (0, 1)")
+    branches = {h: decay_start(h, decay_frac) for h in hs[:-1]}
+    if branches and min(branches.values()) <= warmup:
+        h = min(branches)
+        raise SystemExit(f"horizon {h} starts its decay at step {branches[h]}, inside optim.warmup_steps={warmup}: "
+                         "give longer horizons or fewer warmup steps")
+    return {"trunk": hs[-1], "branches": branches}
+
+
+def trunk_args(p: dict, decay_frac: float, out: Path) -> list[str]:
+    steps = sorted(p["branches"].values())
+    return ["optim.schedule=wsd", f"optim.decay_frac={decay_frac}", f"train.max_steps={p['trunk']}",
+            f"train.ckpt_steps=[{','.join(map(str, steps))}]", f"out_dir={out / 'trunk'}", "train.resume=auto"]
+
+
+def branch_args(horizon: int, start: int, decay_frac: float, out: Path) -> list[str]:
+    """A branch continues from the trunk's checkpoint at its decay start; once it has a checkpoint of its
+    own (it was interrupted), from that."""
+    from runtime.checkpoint import ckpt_path, find_latest
+
+    run_dir = out / f"h{horizon}"
+    resume = "auto" if find_latest(run_dir) is not None else str(ckpt_path(out / "trunk", start))
+    return ["optim.schedule=wsd", f"optim.decay_frac={decay_frac}", f"train.max_steps={horizon}",
+            "train.ckpt_steps=[]", f"out_dir={run_dir}", f"train.resume={resume}",
+            *(["train.overwrite=true"] if resume != "auto" else [])]  # records of a branch killed before its first save
+
+
+def run_dir_of(out: Path, horizon: int, p: dict) -> Path:
+    return out / ("trunk" if horizon == p["trunk"] else f"h{horizon}")
+
+
+def train(args: list[str], log: Path | None) -> None:
+    cmd = [sys.executable, str(REPO / "train.py"), *args]
+    if log is None:
+        print("$", " ".join(cmd), flush=True)
+    with open(log, "a") if log else open("/dev/null") as f:
+        rc = subprocess.run(cmd, cwd=REPO, stdout=f if log else None, stderr=subprocess.STDOUT if log else None).returncode
+    if rc != 0:
+        where = f" (log {log})" if log else ""
+        raise RuntimeError(f"train.py {' '.join(args)} failed with exit {rc}{where}")
+
+
+def run(out: Path, horizons: list[int], decay_frac: float, overrides: list[str], warmup: int = 0,
+        log: Path | None = None) -> dict:
+    """Train the trunk and every branch of `out` not yet finished; write and return horizons.json."""
+    p = plan(horizons, decay_frac, warmup)
+    out.mkdir(parents=True, exist_ok=True)
+    if not runlib.is_finished(out / "trunk"):
+        train([*overrides, *trunk_args(p, decay_frac, out)], log)
+    for h, start in p["branches"].items():
+        if not runlib.is_finished(out / f"h{h}"):
+            train([*overrides, *branch_args(h, start, decay_frac, out)], log)
+    return summarize(out, p, decay_frac)
+
+
+def summarize(out: Path, p: dict, decay_frac: float) -> dict:
+    rows = {}
+    for h in [*p["branches"], p["trunk"]]:
+        d = run_dir_of(out, h, p)
+        if not runlib.is_finished(d):
+            continue
+        r = runlib.load_run(d)
+        rows[h] = {"steps": h, "tokens": h * int(runlib.get_key(r.config, "train.batch_tokens")),
+                   "final_val_loss": r.final_val_loss, "diverged": r.diverged, "run_dir": str(d),
+                   "train_s": r.summary.get("train_s"),
+                   "branch_from": None if h == p["trunk"] else decay_start(h, decay_frac)}
+    result = {"decay_frac": decay_frac, "trunk_steps": p["trunk"], "horizons": rows,
+              "cost_vs_longest": cost(p)}
+    atomic_write(out / "horizons.json", json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def cost(p: dict) -> float:
+    """Steps trained over the longest horizon's: the trunk plus each branch's cooldown."""
+    return (p["trunk"] + sum(h - s for h, s in p["branches"].items())) / p["trunk"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--horizons", required=True, help="comma list of run lengths in optimizer steps")
+    ap.add_argument("--decay-frac", type=float, default=0.2, help="the cooldown's fraction of each horizon")
+    ap.add_argument("--out", type=Path, required=True, help="the directory of the trunk and its branches")
+    ap.add_argument("--dry-run", action="store_true", help="print the train.py commands, run nothing")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = ap.parse_args(argv[:cut])
+    overrides = argv[cut + 1:]
+    try:
+        horizons = [int(float(h)) for h in args.horizons.split(",")]
+    except ValueError:
+        raise SystemExit(f"--horizons {args.horizons!r}: give a comma list of step counts, e.g. 250,1000,4000") from None
+    warmup = next((int(o.split("=", 1)[1]) for o in overrides if o.startswith("optim.warmup_steps=")), 0)
+    p = plan(horizons, args.decay_frac, warmup)
+    print(f"trunk of {p['trunk']} steps, branches at " + (", ".join(f"h{h} from step {s}" for h, s in p["branches"].items())
+                                                         or "none") + f"; cost {cost(p):.2f}x the longest run")
+    if args.dry_run:
+        print("$ python train.py", " ".join([*overrides, *trunk_args(p, args.decay_frac, args.out)]))
+        for h, s in p["branches"].items():
+            print("$ python train.py", " ".join([*overrides, *branch_args(h, s, args.decay_frac, args.out)]))
+        return 0
+    try:
+        result = run(args.out, horizons, args.decay_frac, overrides, warmup)
+    except RuntimeError as e:
+        raise SystemExit(str(e)) from None
+    for h, row in result["horizons"].items():
+        print(f"h{h}: {row['tokens']:,} tokens, final val loss {row['final_val_loss']:.4f} ({row['run_dir']})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

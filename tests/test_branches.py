@@ -1,0 +1,70 @@
+"""WSD cooldown branches (scripts/branches.py): a branch resumed from the trunk's checkpoint at its decay
+start is the direct `wsd` run of its horizon, bitwise; the trunk keeps its branch points."""
+import json
+
+import pytest
+import torch
+
+from helpers import make_cfg, records
+
+from runtime import checkpoint as ck
+from trainer.loop import train
+
+# evals and stats (an extra forward and backward) before the branch point: neither may change the run
+COMMON = ["optim.warmup_steps=2", "train.eval_interval=5", "logging.stats_interval=5", "train.keep_last=1"]
+
+
+def without_out_dir(args):
+    return [a for a in args if not a.startswith("out_dir=")]  # make_cfg names the run dir
+
+
+@pytest.mark.slow
+def test_a_branch_equals_the_direct_wsd_run_of_its_horizon_bitwise(tmp_path, load_script, pydocs):
+    load_script("runlib")  # imported by bare name, as `python scripts/branches.py` finds it
+    br = load_script("branches")
+    p = br.plan([12, 24], 0.25, warmup=2)
+    assert p == {"trunk": 24, "branches": {12: 9}} and br.cost(p) == pytest.approx(1.125)
+    out = tmp_path / "hz"
+    train(make_cfg(tmp_path / "direct", *COMMON, "optim.schedule=wsd", "optim.decay_frac=0.25", "train.max_steps=12"))
+    train(make_cfg(out / "trunk", *COMMON, *without_out_dir(br.trunk_args(p, 0.25, out))))
+    # the trunk kept its branch point although keep_last=1
+    assert [c.name for c in ck.list_checkpoints(out / "trunk")] == ["ckpt_00000009.pt", "ckpt_00000024.pt"]
+    branch = without_out_dir(br.branch_args(12, 9, 0.25, out))
+    assert f"train.resume={ck.ckpt_path(out / 'trunk', 9)}" in branch
+    train(make_cfg(out / "h12", *COMMON, *branch))
+    direct = {r["step"]: (r["loss"], r["grad_norm"], r["lr"]) for r in records(tmp_path / "direct", "train")}
+    got = {r["step"]: (r["loss"], r["grad_norm"], r["lr"]) for r in records(out / "h12", "train")}
+    assert sorted(got) == list(range(10, 13)) and all(got[s] == direct[s] for s in got)
+    trunk = {r["step"]: r["lr"] for r in records(out / "trunk", "train")}
+    assert trunk[12] > direct[12][2]  # the trunk is still at its peak where the branch has decayed
+    a, b = ck.load_checkpoint(ck.find_latest(tmp_path / "direct")), ck.load_checkpoint(ck.find_latest(out / "h12"))
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    for k, v in a["optimizer"]["state"].items():
+        assert all(torch.equal(t, b["optimizer"]["state"][k][n]) for n, t in v.items() if torch.is_tensor(t)), k
+    assert records(out / "h12", "summary")[0]["final_val_loss"] == records(tmp_path / "direct", "summary")[0][
+        "final_val_loss"]
+    assert b["wandb_run_id"] is None and b["train_s"] < a["train_s"] + 60  # a run of its own, not the trunk's
+    res = br.summarize(out, p, 0.25)
+    assert set(res["horizons"]) == {12, 24} and res["horizons"][12]["branch_from"] == 9
+    assert json.loads((out / "horizons.json").read_text())["trunk_steps"] == 24
+
+
+def test_the_plan_refuses_what_cannot_branch(load_script):
+    load_script("runlib")
+    br = load_script("branches")
+    with pytest.raises(SystemExit, match="horizon 10 starts its decay at step 8, inside optim.warmup_steps=8"):
+        br.plan([10, 40], 0.2, warmup=8)
+    with pytest.raises(SystemExit, match="--decay-frac 1.0: must be in"):
+        br.plan([10, 40], 1.0)
+    assert br.plan([40], 0.2) == {"trunk": 40, "branches": {}}
+    assert br.decay_start(226, 0.2) == 181 and br.cost(br.plan([226, 906, 3625, 7250], 0.2)) == pytest.approx(
+        1 + (45 + 181 + 725) / 7250)
+
+
+def test_bad_checkpoint_steps_are_one_line(tmp_path):
+    from common import ConfigError
+    from trainer.config import parse_run_config
+
+    with pytest.raises(ConfigError, match=r"train.ckpt_steps.*must be a list of positive step numbers"):
+        parse_run_config(make_cfg(tmp_path, "train.ckpt_steps=[0,5]"))
