@@ -1,10 +1,11 @@
-"""The statistics of every study table: per-seed values, t-based 95% intervals and Welch's test
-(scipy.stats), and a seed bootstrap of a power-law exponent fitted with scipy.optimize.curve_fit
-(scipy is imported here only, and only when called).
+"""The statistics of every study table (scipy.stats; scipy is imported here only, and only when called):
+per-seed values and t-based 95% intervals, Welch's test, paired t intervals and tests by seed, TOST
+equivalence at a stated margin, Holm's correction over a table, the parabola in log-lr through a grid's
+best, and a power-law exponent with a t interval (a seed bootstrap is kept for the older tables).
 
     s = summarize([2.37, 2.38, 2.39])      # Summary(n, mean, std, lo, hi, values)
-    p = welch_p(a, b)                      # two-sided Welch t-test p-value (None below 2 values a side)
-    verdict(a, b, "pre_ln", "geonorm")     # 'pre_ln ahead (p=0.003)' or 'not separated (p=0.21)'
+    d = paired({0: 2.31, 1: 2.33}, {0: 2.35, 1: 2.36})   # per-seed a - b: mean, t CI, p, TOST p per margin
+    three_word_verdicts([d, ...], [("geonorm", "pre_ln"), ...])   # 'ahead', 'equivalent within ±m', 'undecided'
 """
 from __future__ import annotations
 
@@ -125,3 +126,120 @@ def welch_p_from_summary(mean_a: float, std_a: float, n_a: int, mean_b: float, s
     from scipy import stats
 
     return float(stats.ttest_ind_from_stats(mean_a, std_a, n_a, mean_b, std_b, n_b, equal_var=False).pvalue)
+
+
+# --- paired comparisons, equivalence, multiplicity ----------------------------------------------------
+# Where two cells share the seed's data order and init (every cell of a study does: the seed fixes both),
+# the per-seed differences carry the comparison: their spread is the noise, not the seeds' spread.
+
+MARGIN = 0.02        # nats: "equivalent" means the whole difference lies within +/- MARGIN (TOST)
+PAPER_MARGIN = 0.04  # nats: the GeoNorm paper's effect size, reported beside MARGIN
+
+
+@dataclass(frozen=True)
+class Paired:
+    """a - b per seed (lower is better, so a negative mean favours a)."""
+    n: int
+    diffs: tuple
+    mean: float
+    lo: Optional[float]           # 95% paired t interval of the mean difference; None below 2 seeds
+    hi: Optional[float]
+    p: Optional[float]            # two-sided paired t-test of mean difference 0
+    p_equiv: dict                 # margin -> TOST p-value of |mean difference| >= margin (small: equivalent)
+
+    def ci(self, digits: int = 3) -> str:
+        return "—" if self.lo is None else f"[{self.lo:+.{digits}f}, {self.hi:+.{digits}f}]"
+
+
+def paired(a: dict, b: dict, margins: Sequence[float] = (MARGIN, PAPER_MARGIN), confidence: float = 0.95) -> Paired:
+    """Paired t analysis of `a` and `b`, each {seed: value}, over the seeds both have."""
+    seeds = sorted(set(a) & set(b), key=str)
+    d = tuple(float(a[s]) - float(b[s]) for s in seeds)
+    n = len(d)
+    if n == 0:
+        return Paired(0, d, math.nan, None, None, None, {m: None for m in margins})
+    mean = statistics.fmean(d)
+    if n < 2:
+        return Paired(1, d, mean, None, None, None, {m: None for m in margins})
+    from scipy import stats
+
+    sd = statistics.stdev(d)
+    se = sd / math.sqrt(n)
+    if se == 0:  # identical differences: the sign test is certain, equivalence is exact
+        return Paired(n, d, mean, mean, mean, 1.0 if mean == 0 else 0.0,
+                      {m: 0.0 if abs(mean) < m else 1.0 for m in margins})
+    t = stats.t(n - 1)
+    half = t.ppf(0.5 + confidence / 2) * se
+    p = float(2 * t.sf(abs(mean) / se))
+    # TOST: H0 mean <= -m (rejected when the mean is well above -m) and H0 mean >= m; p is the larger
+    p_equiv = {m: float(max(t.sf((mean + m) / se), t.cdf((mean - m) / se))) for m in margins}
+    return Paired(n, d, mean, float(mean - half), float(mean + half), p, p_equiv)
+
+
+def holm(pvalues: Sequence[Optional[float]]) -> list:
+    """Holm's step-down adjustment of a family of p-values (None stays None and is not counted)."""
+    idx = sorted((i for i, p in enumerate(pvalues) if p is not None), key=lambda i: pvalues[i])
+    out: list = [None] * len(pvalues)
+    m, running = len(idx), 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (m - rank) * pvalues[i]))
+        out[i] = running
+    return out
+
+
+def three_word_verdicts(comparisons: Sequence[Paired], names: Sequence[tuple], margin: float = MARGIN,
+                        alpha: float = ALPHA) -> list:
+    """One verdict per comparison of a table, Holm-corrected over the table (the difference tests as one
+    family, the equivalence tests at `margin` as another): '<a> ahead' where the adjusted paired test
+    rejects 0, 'equivalent within ±m' where the adjusted TOST rejects a difference of m or more, else
+    'undecided'. `names`: (name of a, name of b) per comparison."""
+    p_diff = holm([c.p for c in comparisons])
+    p_eq = holm([c.p_equiv.get(margin) for c in comparisons])
+    out = []
+    for c, (na, nb), pd, pe in zip(comparisons, names, p_diff, p_eq):
+        if pd is None:
+            out.append("not tested (fewer than 2 paired seeds)")
+        elif pd < alpha:
+            out.append(f"{na if c.mean < 0 else nb} ahead (Holm p={pd:.2g})")
+        elif pe is not None and pe < alpha:
+            out.append(f"equivalent within ±{margin:g} (Holm TOST p={pe:.2g})")
+        else:
+            out.append(f"undecided (Holm p={pd:.2g}; TOST ±{margin:g} p={pe:.2g})")
+    return out
+
+
+def parabola_optimum(values: Sequence[float], losses: Sequence[float]) -> Optional[tuple]:
+    """The interpolated optimum of a grid over a log-spaced key (the lr): a parabola in log10(value)
+    through the best point and its two neighbours. (value, loss) at the vertex, or None when the best is
+    at the grid's edge or the three points are not convex (no minimum between them)."""
+    pts = sorted(zip(values, losses))
+    i = min(range(len(pts)), key=lambda k: pts[k][1])
+    if i == 0 or i == len(pts) - 1:
+        return None
+    (x0, y0), (x1, y1), (x2, y2) = [(math.log10(v), y) for v, y in pts[i - 1:i + 2]]
+    denom = (x0 - x1) * (x0 - x2) * (x1 - x2)
+    a = (x2 * (y1 - y0) + x1 * (y0 - y2) + x0 * (y2 - y1)) / denom
+    if a <= 0:
+        return None
+    b = (x2 * x2 * (y0 - y1) + x1 * x1 * (y2 - y0) + x0 * x0 * (y1 - y2)) / denom
+    c = y1 - a * x1 * x1 - b * x1
+    xv = -b / (2 * a)
+    return 10 ** xv, c - b * b / (4 * a)
+
+
+def slope_t_interval(n_by_point: Sequence[float], losses_by_point: Sequence[Sequence[float]],
+                     confidence: float = 0.95) -> tuple:
+    """The exponent b of loss = a * n^(-b), fitted by least squares in log-log space to every per-seed
+    value (each point's seeds as replicates), and its t interval from the fit's standard error with
+    N - 2 degrees of freedom (N values). (b, lo, hi); lo/hi None with fewer than 3 values."""
+    import numpy as np
+    from scipy import stats
+
+    x = np.concatenate([[math.log(n)] * len(ys) for n, ys in zip(n_by_point, losses_by_point)])
+    y = np.log(np.concatenate([np.asarray(ys, dtype=float) for ys in losses_by_point]))
+    fit = stats.linregress(x, y)
+    b = -float(fit.slope)
+    if len(x) < 3:
+        return b, None, None
+    half = stats.t.ppf(0.5 + confidence / 2, len(x) - 2) * float(fit.stderr)
+    return b, b - half, b + half

@@ -1,0 +1,78 @@
+"""The study statistics on synthetic numbers with known answers: paired t, TOST, Holm, the parabola in
+log-lr, and the exponent's t interval."""
+import math
+
+import pytest
+
+from common.stats import holm, paired, parabola_optimum, slope_t_interval, three_word_verdicts
+
+
+def test_paired_t_interval_and_test_by_hand():
+    a = {0: 2.5, 1: 2.6, 2: 2.7}
+    b = {0: 2.4, 1: 2.4, 2: 2.4, 3: 9.9}             # seed 3 has no partner: left out
+    r = paired(a, b)
+    assert r.n == 3 and r.diffs == pytest.approx((0.1, 0.2, 0.3))
+    se = 0.1 / math.sqrt(3)
+    assert r.mean == pytest.approx(0.2)
+    assert (r.lo, r.hi) == pytest.approx((0.2 - 4.302653 * se, 0.2 + 4.302653 * se), rel=1e-6)  # t(2) 97.5%
+    assert r.p == pytest.approx(0.0742, abs=2e-4)    # t = 3.464 on 2 dof, two-sided
+    # paired is sharper than unpaired where the seeds move both sides together
+    shared = {s: 2.3 + 0.1 * s for s in range(4)}
+    r2 = paired({s: v + 0.01 + 0.001 * (s % 2) for s, v in shared.items()}, shared)
+    assert r2.p < 1e-3 and r2.lo > 0
+
+
+def test_tost_is_equivalence_at_the_stated_margin():
+    same = paired({s: 2.0 + 0.001 * (s % 3) for s in range(5)}, {s: 2.0 for s in range(5)})
+    assert same.p_equiv[0.02] < 0.001 and same.p_equiv[0.04] < same.p_equiv[0.02]
+    # a difference of about the margin is not equivalent at it
+    edge = paired({0: 2.02, 1: 2.03, 2: 2.01}, {0: 2.0, 1: 2.0, 2: 2.0})
+    assert edge.p_equiv[0.02] > 0.4
+    # TOST p equals the larger one-sided p: check one case by hand
+    from scipy import stats
+    r = paired({0: 0.01, 1: 0.0, 2: 0.005}, {0: 0.0, 1: 0.0, 2: 0.0}, margins=(0.02,))
+    se = 0.005 / math.sqrt(3)
+    assert r.p_equiv[0.02] == pytest.approx(stats.t(2).cdf((0.005 - 0.02) / se))
+
+
+def test_holm_by_hand():
+    assert holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert holm([0.5, None, 0.001]) == [pytest.approx(0.5), None, pytest.approx(0.002)]
+    assert holm([0.02, 0.5]) == pytest.approx([0.04, 0.5]) and holm([0.9, 0.8]) == [1.0, 1.0]  # capped at 1
+    assert holm([0.6, 0.7]) == pytest.approx([1.0, 1.0])
+
+
+def test_three_words_and_only_three():
+    ahead = paired({s: 2.30 + 0.01 * s for s in range(3)}, {s: 2.40 + 0.01 * s + 0.001 * s * s for s in range(3)})
+    equal = paired({s: 2.40 + 0.001 * (s % 2) for s in range(3)}, {s: 2.40 for s in range(3)})
+    noisy = paired({0: 2.3, 1: 2.5, 2: 2.4}, {0: 2.4, 1: 2.4, 2: 2.4})
+    v = three_word_verdicts([ahead, equal, noisy], [("geonorm", "pre_ln")] * 3)
+    assert v[0].startswith("geonorm ahead (Holm p=")
+    assert v[1].startswith("equivalent within ±0.02 (Holm TOST p=")
+    assert v[2].startswith("undecided (Holm p=")
+    # Holm: the same comparison alone can pass where, in a family of many, it does not
+    borderline = paired({0: 2.30, 1: 2.33, 2: 2.31}, {0: 2.36, 1: 2.36, 2: 2.38})
+    assert three_word_verdicts([borderline], [("a", "b")])[0].startswith("a ahead")
+    assert three_word_verdicts([borderline] + [noisy] * 9, [("a", "b")] * 10)[0].startswith("undecided")
+
+
+def test_parabola_in_log_lr_finds_the_vertex():
+    lrs = [1e-3, 3e-3, 1e-2, 3e-2]
+    f = [(math.log10(v) + 2.3) ** 2 * 0.5 + 2.0 for v in lrs]
+    lr, loss = parabola_optimum(lrs, f)
+    assert lr == pytest.approx(10 ** -2.3, rel=1e-9) and loss == pytest.approx(2.0)
+    assert parabola_optimum([1e-3, 3e-3, 1e-2], [2.0, 2.1, 2.2]) is None   # best at the edge: no vertex inside
+    assert parabola_optimum([1e-3, 3e-3, 1e-2], [2.2, 2.1, 2.1 - 1e-12]) is None
+
+
+def test_exponent_interval_uses_t_quantiles():
+    from scipy import stats
+    n = [1e5, 2e5, 4e5]
+    exact = [[3.0 * x ** -0.1] * 3 for x in n]
+    b, lo, hi = slope_t_interval(n, exact)
+    assert b == pytest.approx(0.1) and hi - lo == pytest.approx(0, abs=1e-9)
+    noisy = [[3.0 * x ** -0.1 * (1 + e) for e in (-0.01, 0.0, 0.01)] for x in n]
+    b, lo, hi = slope_t_interval(n, noisy)
+    fit = stats.linregress([math.log(x) for x in n for _ in range(3)], [math.log(v) for ys in noisy for v in ys])
+    assert b == pytest.approx(0.1, abs=1e-3)
+    assert hi - b == pytest.approx(stats.t.ppf(0.975, 7) * fit.stderr)
