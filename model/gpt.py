@@ -71,6 +71,7 @@ class CausalSelfAttention(nn.Module):
         self.scale = getattr(self.qk_step, "softmax_scale", None)  # None: SDPA's 1/sqrt(hd)
         self.dropout = cfg.dropout
         self.resid_dropout = nn.Dropout(cfg.dropout)
+        self.track, self.last_gate_mean = False, None   # the gate's mean, at the monitor's stats steps
 
     def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, rope=None) -> torch.Tensor:
         B, T, C = x.shape
@@ -97,7 +98,10 @@ class CausalSelfAttention(nn.Module):
                 mask = torch.arange(pos + T, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale)
         if self.gate is not None:  # (B, T, n_head, hd or 1) -> each head's output times its gates
-            y = y * torch.sigmoid(self.gate(x)).view(B, T, self.n_head, -1).transpose(1, 2)
+            g = torch.sigmoid(self.gate(x))
+            if self.track:  # the monitor's forward at stats steps only: no extra op in training
+                self.last_gate_mean = g.detach().float().mean()
+            y = y * g.view(B, T, self.n_head, -1).transpose(1, 2)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -295,6 +299,10 @@ class GPT(nn.Module):
                 r.track = on
                 if not on:
                     r.last_theta = None
+        for b in self.blocks:
+            b.attn.track = on
+            if not on:
+                b.attn.last_gate_mean = None
 
     def norm_stats(self) -> Dict[str, torch.Tensor]:
         """Rotation angles of the last forward (tracked sublayers) and learned step sizes, as 0-d tensors."""
@@ -313,6 +321,25 @@ class GPT(nn.Module):
                 out[f"step/{j}/{name}"] = value
         if hasattr(self.input_step, "g"):
             out["step/embed_g"] = self.input_step.g.detach()
+        for i, b in enumerate(self.blocks):
+            if b.attn.last_gate_mean is not None:
+                out[f"gate_mean/{i}"] = b.attn.last_gate_mean
+        out.update(self.scalar_values())
+        return out
+
+    def scalar_values(self) -> Dict[str, torch.Tensor]:
+        """Every one-element learned scalar not reported as a rule's step size (Derf's and DyT's alpha and
+        shift, the scaled input's s), as `scalar/<parameter name>`: how far each moved is the question of
+        a long run."""
+        rules = {id(r) for r in self.rules()}
+        out: Dict[str, torch.Tensor] = {}
+        for mname, module in self.named_modules():
+            if id(module) in rules:
+                continue
+            for pname, group in getattr(module, "optim_groups", {}).items():
+                p = getattr(module, pname, None)
+                if group == "scalars" and isinstance(p, nn.Parameter) and p.numel() == 1:
+                    out[f"scalar/{mname}.{pname}" if mname else f"scalar/{pname}"] = p.detach().reshape(())
         return out
 
     def flops_per_token(self, seq_len: Optional[int] = None) -> float:

@@ -835,6 +835,17 @@ class HyperConnections(_WideStream):
             b = b + self.s_b * torch.tanh(hn @ self.w_b).squeeze(-1)
         return a_m, a_r.transpose(-1, -2), b          # H'_i = sum_j (A_r)_ji H_j
 
+    def step_sizes(self):
+        return mixing_stats(self.a_r.detach())
+
+
+def mixing_stats(res: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """How far a stream-mixing matrix (static part) is from the identity, the matrix of n independent
+    copies: the mean over rows of the off-diagonal mass sum_j!=i |M_ij|, and ||M - I||_F."""
+    n = res.shape[-1]
+    eye = torch.eye(n, dtype=res.dtype, device=res.device)
+    return {"offdiag_mass": (res.abs() * (1 - eye)).sum() / n, "res_dist_identity": torch.linalg.norm(res - eye)}
+
 
 def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     """exp(logits) projected towards the doubly stochastic matrices (Sinkhorn-Knopp), in the log domain:
@@ -885,3 +896,6 @@ class ManifoldHyperConnections(_WideStream):
             res = res + self.a_res * (v @ self.w_res).unflatten(-1, (self.n, self.n))
             post = post + self.a_post * (v @ self.w_post)
         return torch.sigmoid(pre), sinkhorn(res, self.iters).to(H.dtype), 2 * torch.sigmoid(post)
+
+    def step_sizes(self):
+        return mixing_stats(sinkhorn(self.b_res.detach(), self.iters))

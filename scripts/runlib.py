@@ -343,3 +343,37 @@ if __name__ == "__main__":  # a library of scripts/, not a command: say so inste
 
     print("usage: scripts/runlib.py is imported by plot_curves.py, make_table.py and the study scripts; it is not a command", file=sys.stderr)
     sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
+
+
+# --- learned scalars over training (the stats records' step/<j>/<name>, scalar/<name>, gate_mean/<i>) ---
+def scalar_series(stats: list[dict]) -> dict[str, dict[str, tuple[list, list]]]:
+    """kind -> {key: (tokens, values)} of every learned scalar in the stats records: a rule's step sizes
+    (`step/<j>/a`: kind `a`), other one-element scalars (`scalar/blocks.0.attn_rule.norm.alpha`: kind
+    `alpha`), the attention gates' means (`gate_mean/<i>`: kind `gate_mean`)."""
+    out: dict[str, dict[str, tuple[list, list]]] = {}
+    for rec in stats:
+        for k, v in rec.items():
+            if v is None or not k.startswith(("step/", "scalar/", "gate_mean/")):
+                continue
+            if k.startswith("step/"):
+                kind = k.rsplit("/", 1)[-1]
+            elif k.startswith("scalar/"):
+                kind = k.rsplit(".", 1)[-1]
+            else:
+                kind = "gate_mean"
+            xs, ys = out.setdefault(kind, {}).setdefault(k, ([], []))
+            xs.append(rec["tokens"])
+            ys.append(float(v))
+    return {kind: dict(sorted(series.items())) for kind, series in sorted(out.items())}
+
+
+def scalar_movement(stats: list[dict]) -> dict[str, dict]:
+    """kind -> how far its scalars moved from their first record: the largest |x_last - x_first| over the
+    kind's keys, the mean first and last values, and how many keys."""
+    out = {}
+    for kind, series in scalar_series(stats).items():
+        firsts = [ys[0] for _, ys in series.values()]
+        lasts = [ys[-1] for _, ys in series.values()]
+        out[kind] = {"keys": len(series), "first": statistics.fmean(firsts), "last": statistics.fmean(lasts),
+                     "max_abs_change": max(abs(b - a) for a, b in zip(firsts, lasts))}
+    return out
