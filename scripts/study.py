@@ -23,6 +23,9 @@ Part kinds, each a resumable sweep (scripts/sweep.py) under <runs-root>/<sweep>/
   vary    (`of`) the cells of `pick` at their best setting in `of`, at each of `values` of a second key
           (`key`); its best setting adds that key's best, the runs of `of` at its default included;
   points  the points of another experiment (`experiment`, its experiment_meta.points), as they are;
+  horizon (`horizons` in tokens per parameter, `test_seeds`; `cells`, or `pick` of `of`) a trunk and WSD
+          cooldown branches per setting and seed, lr chosen on the study's seeds and tested on fresh ones
+          (scripts/horizon.py);
   script  scripts/<script>.py <run dir> <args> on the runs `runs` selects (`of` a part: its `cells`, or its
           bests with `best: true`; `seeds`), skipping a run dir that has the script's `output` already.
 `pick` lists cells, and `best_of: [cells]` for the best of those (lowest mean at its best value). A rerun's
@@ -57,8 +60,9 @@ from data.files import atomic_write
 
 REPO = Path(__file__).resolve().parent.parent
 STUDIES = REPO / "configs" / "study"
-KINDS = ("grid", "edge", "rerun", "shapes", "vary", "points", "script")
-NEEDS = {"vary": ("of", "key", "values"), "points": ("experiment",), "script": ("script", "output", "runs")}
+KINDS = ("grid", "edge", "rerun", "shapes", "vary", "points", "script", "horizon")
+NEEDS = {"vary": ("of", "key", "values"), "points": ("experiment",), "script": ("script", "output", "runs"),
+         "horizon": ("sweep", "horizons", "test_seeds")}
 
 
 @dataclass
@@ -113,10 +117,11 @@ class Study:
             for k in NEEDS.get(p["kind"], ()):
                 if k not in p:
                     bad(f"parts.{p['name']}.{k}", f"missing (a {p['kind']} part needs {', '.join(NEEDS[p['kind']])})")
-            if p["kind"] not in ("grid", "points", "script") and p.get("of") not in names[:i]:
+            needs_of = p["kind"] not in ("grid", "points", "script", "horizon") or (p["kind"] == "horizon" and "pick" in p)
+            if needs_of and p.get("of") not in names[:i]:
                 bad(f"parts.{p['name']}.of", f"{p.get('of')!r} is not an earlier part ({', '.join(names[:i]) or 'none'})")
             ablated = [a.get("of") for a in (p.get("ablations") or {}).values()]
-            for c in study.picked_names(p.get("pick", [])) + ablated:
+            for c in study.picked_names(p.get("pick", [])) + ablated + list(p.get("cells", [])):
                 if c not in study.cells:
                     bad(f"parts.{p['name']}.pick", f"unknown cell {c!r}")
         for i, c in enumerate(study.contrasts):
@@ -376,6 +381,9 @@ class Runner:
             self.sweep(sweep, points, seeds, experiment=part["experiment"])
         elif kind == "script":
             self.script(part)
+        elif kind == "horizon":  # trunks and cooldown branches, selection and test seeds (scripts/horizon.py)
+            import horizon
+            horizon.run_part(self, part)
         elif kind == "shapes":
             best = self.bests(s.part(part["of"]))
             picked = s.pick(part["pick"], best)
