@@ -1,0 +1,80 @@
+"""The horizon part kind (scripts/horizon.py) on synthetic trunks: the lr chosen on the selection seeds and
+bracketed, the scalar-lr axis, fresh test seeds at each horizon's best, and the paired report."""
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+
+def fake_loss(cell, lr, mult, seed, steps):
+    """A loss with a known optimum: lr 1e-2 for pre_ln, 3e-3 for mhc (whose scalars want lr_mult 10), a
+    per-seed offset shared by the cells (the paired design), falling with the horizon."""
+    best = 1e-2 if cell.endswith("pre_ln") else 3e-3
+    gap = 0.0 if cell.endswith("pre_ln") else (-0.05 if mult == 10 else 0.01)
+    return 2.0 + 0.1 * (math.log10(lr / best)) ** 2 + gap + 0.01 * seed + 1.0 / steps
+
+
+@pytest.fixture
+def study_env(tmp_path, load_script, monkeypatch):
+    load_script("runlib"), load_script("sweep"), load_script("branches")
+    hz, S = load_script("horizon"), load_script("study")
+    study = S.Study.load("horizon")
+    study.cells = {"gpt2.pre_ln": {"overrides": {"norm": "pre_ln"}, "start": 3e-3},
+                   "gpt2.mhc": {"overrides": {"norm": "mhc"}, "start": 3e-3, "scalar_lr_mults": [1, 10]}}
+    part = {"name": "a", "kind": "horizon", "sweep": "horizon_a", "cells": ["gpt2.pre_ln", "gpt2.mhc"],
+            "horizons": [1, 4], "test_seeds": [2, 3, 4], "decay_frac": 0.2}
+    study.parts = [part]
+    trained = []
+
+    def fake_run(out, horizons, decay, overrides, warmup=0, log=None):
+        point = json.loads((out / "point.json").read_text())
+        o = dict(a.split("=", 1) for a in overrides)
+        lr, mult, seed = float(o["optim.lr"]), float(o[hz.MULT_KEY]), int(o["train.seed"])
+        assert (lr, mult, seed) == (point["lr"], point["mult"], point["seed"])
+        trained.append((point["cell"], lr, mult, seed, point["role"]))
+        rows = {h: {"steps": h, "tokens": h * 1024, "final_val_loss": fake_loss(point["cell"], lr, mult, seed, h),
+                    "diverged": False, "train_s": 1.0} for h in horizons}
+        (out / "horizons.json").write_text(json.dumps({"horizons": rows}))
+
+    monkeypatch.setattr(hz.branches, "run", fake_run)
+    monkeypatch.setattr(hz, "reference_params", lambda *a: 102_400)
+    monkeypatch.setattr(hz, "_experiment_keys", lambda *a: (1024, 50))
+    args = SimpleNamespace(runs_root=tmp_path / "runs", experiment="horizon", overrides=[], jobs=2)
+    runner = SimpleNamespace(study=study, args=args, cells=study.cells)
+    return hz, study, part, runner, trained
+
+
+def test_selection_brackets_tunes_the_scalar_lr_and_tests_on_fresh_seeds(study_env):
+    hz, study, part, runner, trained = study_env
+    hz.run_part(runner, part)
+    pre = {(lr, s) for c, lr, m, s, role in trained if c == "gpt2.pre_ln" and role == "selection"}
+    # the grid 1e-3, 3e-3, 1e-2 has its best at the edge: 3e-2 is added, and then the best is inside
+    assert {lr for lr, _ in pre} == {1e-3, 3e-3, 1e-2, 3e-2} and {s for _, s in pre} == {0, 1}
+    mhc_mults = {(lr, m) for c, lr, m, s, role in trained if c == "gpt2.mhc" and role == "selection" and m != 1}
+    assert mhc_mults == {(3e-3, 10.0)}                       # the scalar axis at mhc's best lr
+    tests = {(c, lr, m, s) for c, lr, m, s, role in trained if role == "test"}
+    assert tests == {("gpt2.pre_ln", 1e-2, 1.0, s) for s in (2, 3, 4)} | {("gpt2.mhc", 3e-3, 10.0, s) for s in (2, 3, 4)}
+    n = len(trained)
+    hz.run_part(runner, part)                                 # resumable: nothing runs twice
+    assert len(trained) == n
+
+
+def test_the_report_compares_paired_by_seed_on_the_test_seeds(study_env, tmp_path, monkeypatch):
+    hz, study, part, runner, trained = study_env
+    hz.run_part(runner, part)
+    rows = hz.collect(runner.args.runs_root, part)
+    res = hz.analyse(study, part, rows)
+    e = res[4.0]["gpt2.mhc"]
+    assert e["setting"] == (3e-3, 10.0) and sorted(e["test"]) == [2, 3, 4]
+    assert e["paired"].mean == pytest.approx(-0.05) and e["paired"].diffs == pytest.approx((-0.05,) * 3)
+    assert e["verdict"].startswith("gpt2.mhc ahead")
+    assert res[4.0]["gpt2.pre_ln"]["vertex"][0] == pytest.approx(1e-2, rel=1e-6)   # the parabola in log-lr
+    monkeypatch.setattr(hz, "corpus_line", lambda exp: "Corpus: synthetic.")
+    monkeypatch.setattr(hz, "scalar_table", lambda *a: [])
+    hz.report(study, runner.args.runs_root, tmp_path / "docs", "horizon")
+    text = (tmp_path / "docs" / "horizon" / "tables.md").read_text()
+    assert "### a: 4 tokens per parameter" in text and "| gpt2.mhc | 0.003 | 10 |" in text
+    lines = (tmp_path / "docs" / "horizon" / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 2 * len(trained) and all({"seed", "lr", "tokens", "commit"} <= set(json.loads(x)) for x in lines)
+    assert (tmp_path / "docs" / "horizon" / "a_gap.png").stat().st_size > 5_000
