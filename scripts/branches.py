@@ -51,9 +51,13 @@ def plan(horizons: list[int], decay_frac: float, warmup: int = 0) -> dict:
 
 
 def trunk_args(p: dict, decay_frac: float, out: Path) -> list[str]:
+    from runtime.checkpoint import find_latest
+
     steps = sorted(p["branches"].values())
+    fresh = find_latest(out / "trunk") is None  # killed before its first checkpoint: its records go
     return ["optim.schedule=wsd", f"optim.decay_frac={decay_frac}", f"train.max_steps={p['trunk']}",
-            f"train.ckpt_steps=[{','.join(map(str, steps))}]", f"out_dir={out / 'trunk'}", "train.resume=auto"]
+            f"train.ckpt_steps=[{','.join(map(str, steps))}]", f"out_dir={out / 'trunk'}", "train.resume=auto",
+            *(["train.overwrite=true"] if fresh else [])]
 
 
 def branch_args(horizon: int, start: int, decay_frac: float, out: Path) -> list[str]:
@@ -90,9 +94,13 @@ def run(out: Path, horizons: list[int], decay_frac: float, overrides: list[str],
     out.mkdir(parents=True, exist_ok=True)
     if not runlib.is_finished(out / "trunk"):
         train([*overrides, *trunk_args(p, decay_frac, out)], log)
+        if not runlib.is_finished(out / "trunk"):  # stopped by a signal (saved): rerun to resume
+            raise RuntimeError(f"{out / 'trunk'} stopped before its end; rerun to resume it")
     for h, start in p["branches"].items():
         if not runlib.is_finished(out / f"h{h}"):
             train([*overrides, *branch_args(h, start, decay_frac, out)], log)
+            if not runlib.is_finished(out / f"h{h}"):
+                raise RuntimeError(f"{out / f'h{h}'} stopped before its end; rerun to resume it")
     return summarize(out, p, decay_frac)
 
 

@@ -68,3 +68,26 @@ def test_bad_checkpoint_steps_are_one_line(tmp_path):
 
     with pytest.raises(ConfigError, match=r"train.ckpt_steps.*must be a list of positive step numbers"):
         parse_run_config(make_cfg(tmp_path, "train.ckpt_steps=[0,5]"))
+
+
+@pytest.mark.slow
+def test_resume_auto_refuses_a_run_whose_checkpoints_are_gone(tmp_path, pydocs):
+    """A finished run without its checkpoints/ used to start over silently and cut its records."""
+    import shutil
+
+    from common import ConfigError
+
+    run = tmp_path / "run"
+    train(make_cfg(run, "train.max_steps=4"))
+    before = (run / "metrics.jsonl").read_text()
+    shutil.rmtree(run / "checkpoints")
+    with pytest.raises(ConfigError, match=r"records training up to step 4 but has no checkpoint in .*checkpoints: "
+                                          r"restore the checkpoints to resume, or pass train.overwrite=true"):
+        train(make_cfg(run, "train.max_steps=4", "train.resume=auto"))
+    assert (run / "metrics.jsonl").read_text() == before          # nothing lost
+    (run / "checkpoints").write_text("not a dir")                  # checkpoints/ a file: the same refusal
+    with pytest.raises(ConfigError, match="records training up to step 4"):
+        train(make_cfg(run, "train.max_steps=4", "train.resume=auto"))
+    (run / "checkpoints").unlink()
+    train(make_cfg(run, "train.max_steps=4", "train.resume=auto", "train.overwrite=true"))
+    assert records(run, "summary")                                  # started over, as asked

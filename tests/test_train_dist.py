@@ -53,7 +53,8 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path, model):
 
 
 @pytest.mark.slow
-def test_sigterm_checkpoints_at_the_next_step_and_exits(tmp_path):
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])   # SIGINT: Ctrl-C saves too (it was a traceback, no save)
+def test_sigterm_checkpoints_at_the_next_step_and_exits(tmp_path, sig):
     run = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "train.py", *TINY, "train.max_steps=100000", f"out_dir={run}"],
                             cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -65,13 +66,13 @@ def test_sigterm_checkpoints_at_the_next_step_and_exits(tmp_path):
                 break
             assert proc.poll() is None, proc.stdout.read()[-3000:]
             time.sleep(0.2)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(getattr(signal, sig))
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 0, out[-3000:]
-    assert "SIGTERM received" in out
+    assert f"{sig} received" in out and "Traceback" not in out
     latest = ck.find_latest(run)
     step = ck.load_checkpoint(latest)["step"]
     rs = records(run)

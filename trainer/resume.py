@@ -48,7 +48,12 @@ def decide(train_cfg, run_dir: Path) -> tuple[str, Optional[str]]:
     latest, metrics = find_latest(run_dir), run_dir / "metrics.jsonl"
     if train_cfg.resume == "auto":
         if latest is None:
-            truncate_jsonl(metrics, -1)  # a run that never checkpointed: its records are stale
+            done = last_recorded_step(metrics)
+            if done and not train_cfg.overwrite:  # its checkpoints were lost (or never written): say so
+                return "error", (f"run dir {run_dir} records training up to step {done} but has no checkpoint in "
+                                 f"{ckpt_dir(run_dir)}: restore the checkpoints to resume, or pass train.overwrite=true "
+                                 "to start over (its records are then removed)")
+            truncate_jsonl(metrics, -1)  # nothing to continue: the records are stale
         return "ok", str(latest) if latest else None
     if train_cfg.resume != "none":
         try:
@@ -62,6 +67,25 @@ def decide(train_cfg, run_dir: Path) -> tuple[str, Optional[str]]:
         shutil.rmtree(ckpt_dir(run_dir), ignore_errors=True)
         metrics.unlink(missing_ok=True)
     return "ok", None
+
+
+def last_recorded_step(metrics: Path) -> int:
+    """The last step of a training record in metrics.jsonl (0: none, or no file). A torn line is skipped."""
+    import json
+
+    last = 0
+    try:
+        with open(metrics) as f:
+            for line in f:
+                try:
+                    r = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(r, dict) and r.get("kind") == "train":
+                    last = max(last, int(r.get("step") or 0))
+    except (FileNotFoundError, NotADirectoryError):
+        return 0
+    return last
 
 
 # Keys that decide which tokens each step sees: changing one on resume makes the continuation differ
@@ -176,7 +200,7 @@ def remove_stale_temps(run_dir: Union[str, Path]) -> list[Path]:
 # --- pre-emption ---------------------------------------------------------------------------------
 
 class StopSignal:
-    """SIGTERM/SIGUSR1 set a flag; the loop checkpoints at the next step boundary and exits cleanly.
+    """SIGTERM/SIGUSR1/SIGINT set a flag; the loop checkpoints at the next step boundary and exits cleanly.
     (A handler must not checkpoint itself: it could run mid-step, between backward and optimizer step.)
 
     Under DDP every rank must stop at the same step: `requested` launches, each step, an asynchronous
@@ -184,7 +208,7 @@ class StopSignal:
     previous step's result, which has long arrived. A signal is acted on one step after the step it came
     in, with no blocking per step."""
 
-    SIGNALS = ("SIGTERM", "SIGUSR1")
+    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")  # SIGINT: Ctrl-C saves too, instead of losing the steps since the last save
     _BASE = 2.0 ** 52  # the flag is _BASE - step: its max over ranks names the earliest signalled step
 
     def __init__(self):
