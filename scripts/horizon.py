@@ -325,7 +325,7 @@ def part_tables(study, part: dict, rows: list) -> list:
            + ", ".join(f"{t:g} tok/param = {n:,}" for t, n in tokens.items())
            + f"; selection seeds {study.seeds}, test seeds {part['test_seeds']}; training time {train_s / 3600:.2f} h "
            f"(trunk + branches: {branches.cost(branches.plan(sorted({r['steps'] for r in rows}), part.get('decay_frac', 0.2))):.2f}x "
-           f"the longest run per trunk); code {', '.join(c[:10] for c in commits)}.", ""]
+           f"the longest run per trunk); code {', '.join(commits)}.", ""]
     for t, entries in res.items():
         if not entries:
             continue
