@@ -250,7 +250,6 @@ def _pysrc_stream() -> Stream:
     return Stream("pysrc", None, len(paths), batches, {"python": sys.version.split()[0], **info})
 
 
-@SOURCES.register("pysrc")
 def _pysrc_source(cfg: DataConfig) -> list[Stream]:
     return [_pysrc_stream()]
 
@@ -399,6 +398,7 @@ def _pydocs_source(cfg: DataConfig) -> list[Stream]:
     return [_pydocs_stream()]
 
 
+SOURCES.register("pysrc")(_pysrc_source)
 SOURCES.register("hf")(_hf_streams)
 SOURCES.register("local")(_local_streams)
 

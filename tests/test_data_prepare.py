@@ -305,7 +305,7 @@ def test_errors_are_one_line(tmp_path, monkeypatch):
     (tmp_path / "a.csv").write_text("x")
     err(cfg(tmp_path, name="c", files=[str(tmp_path / "a.csv")]), r"data.files: unsupported file type '.csv'")
     err(cfg(tmp_path, bogus=1), r"^unknown key\(s\) data.bogus: valid keys are name, tokenizer, root, ")
-    err(cfg(tmp_path, source="web"), r"unknown data.source='web': valid are pydocs, hf, local, shards")
+    err(cfg(tmp_path, source="web"), r"unknown data.source='web': valid are pydocs, pysrc, hf, local, shards")
     err(cfg(tmp_path, files=None), r"data.files=None: source=local needs data.files")
     err(cfg(tmp_path, tokenizer="gpt5", files=[str(wrong)]), r"unknown data.tokenizer='gpt5'")
 
