@@ -338,7 +338,8 @@ def part_tables(study, part: dict, rows: list) -> list:
             s = summarize([v for v in tv if math.isfinite(v)])
             pc = e.get("paired")
             vx = f"{e['vertex'][0]:.2g}" if e["vertex"] else ("edge" if e["edge"] else "—")
-            out.append(f"| {c} | {e['setting'][0]:g}{' (edge)' if e['edge'] else ''} | {e['setting'][1]:g} | {vx} | "
+            flag = f" (grid incomplete: {len(e['grid'])} lr)" if len(e["grid"]) < 3 else " (edge)" if e["edge"] else ""
+            out.append(f"| {c} | {e['setting'][0]:g}{flag} | {e['setting'][1]:g} | {vx} | "
                        f"{e['selection_mean']:.4f} | {', '.join(f'{v:.4f}' for v in tv) or 'not run'} | "
                        + (f"{s.mean:.4f} {s.ci(4)}" if s.mean is not None else "—") + " | "
                        + (f"{pc.mean:+.4f} {pc.ci(4)}" if pc else ("reference" if c == study.reference_of(c) else "—"))
