@@ -36,20 +36,26 @@ MULT_KEY = "optim.groups.scalars.lr_mult"
 
 # --- planning --------------------------------------------------------------------------------------
 
-def reference_params(study, part: dict, experiment: str, overrides: list) -> int:
-    """GPT.num_params() of the reference cell of the part's block (tokens per parameter count these)."""
-    from hydra import compose, initialize_config_dir
+def compose(overrides: list):
+    """The composed Hydra config of `overrides` (configs/, the code's schema)."""
+    from hydra import compose as hydra_compose, initialize_config_dir
 
-    from model import GPT
-    from trainer.config import parse_run_config
     from trainer.config_store import register_code_configs
 
-    cell = study.reference_of(part_cells(study, part)[0])
     register_code_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        cfg = compose("config", overrides=[f"experiment={experiment}", *study.overrides,
-                                           *cell_overrides(study, part, cell), *overrides])
-    return GPT(parse_run_config(cfg).model).num_params()
+        return hydra_compose("config", overrides=overrides)
+
+
+def reference_setting(study, part: dict, experiment: str, overrides: list) -> tuple[int, int, int]:
+    """(GPT.num_params(), train.batch_tokens, optim.warmup_steps) of the reference cell of the part's
+    block (tokens per parameter count its parameters)."""
+    from model import GPT
+    from trainer.config import parse_run_config
+
+    cell = study.reference_of(part_cells(study, part)[0])
+    cfg = compose([f"experiment={experiment}", *study.overrides, *cell_overrides(study, part, cell), *overrides])
+    return GPT(parse_run_config(cfg).model).num_params(), int(cfg.train.batch_tokens), int(cfg.optim.warmup_steps)
 
 
 def part_cells(study, part: dict) -> list:
@@ -118,8 +124,7 @@ def run_part(runner, part: dict) -> None:
     root, exp = args.runs_root, args.experiment
     centre = _centres(runner, part)  # a picking part: its cells and their grid centres from `of`
     cells = [c for c in part_cells(study, part) if c in runner.cells or c == study.reference_of(c)]
-    params = reference_params(study, part, exp, args.overrides)
-    batch, warmup = _experiment_keys(exp, [*study.overrides, *args.overrides])
+    params, batch, warmup = reference_setting(study, part, exp, args.overrides)
     steps = horizon_steps(part, params, batch)
     print(f"part {part['name']}: {params:,} parameters of the reference; horizons "
           + ", ".join(f"{t:g} tok/param = {s} steps" for t, s in steps.items()), flush=True)
@@ -140,10 +145,10 @@ def run_part(runner, part: dict) -> None:
         lrs = study.around(centre.get(cell, study.cells[cell]["start"]))
         trunks([(cell, lr, 1.0, s, "selection") for lr in lrs for s in sel])
         for _ in range(study.edge_rounds):
-            more = set()
+            more, rs = set(), rows()
+            tried = sorted({r["lr"] for r in rs if r["mult"] == 1.0})
             for t in part["horizons"]:
-                b = best_setting(rows(), cell, float(t), sel)
-                tried = sorted({r["lr"] for r in rows() if r["mult"] == 1.0})
+                b = best_setting(rs, cell, float(t), sel)
                 if b and b[0] in (tried[0], tried[-1]) and len(tried) > 1:
                     nxt = study.beyond(b[0], up=b[0] == tried[-1])
                     if nxt is not None and nxt not in tried:
@@ -153,9 +158,11 @@ def run_part(runner, part: dict) -> None:
             trunks([(cell, lr, 1.0, s, "selection") for lr in sorted(more) for s in sel])
         mults = [float(m) for m in study.cells[cell].get("scalar_lr_mults", [])]
         if mults:
-            best_lrs = {best_setting(rows(), cell, float(t), sel)[0] for t in part["horizons"]}
+            rs = rows()
+            best_lrs = {best_setting(rs, cell, float(t), sel)[0] for t in part["horizons"]}
             trunks([(cell, lr, m, s, "selection") for lr in sorted(best_lrs) for m in mults if m != 1.0 for s in sel])
-        settings = {best_setting(rows(), cell, float(t), sel) for t in part["horizons"]}
+        rs = rows()
+        settings = {best_setting(rs, cell, float(t), sel) for t in part["horizons"]}
         trunks([(cell, lr, m, s, "test") for lr, m in sorted(settings) for s in test])
         print(f"### cell {cell} done", flush=True)
 
@@ -175,15 +182,10 @@ def _centres(runner, part: dict) -> dict:
             b = best_setting(rows, c, t, runner.study.seeds)
             if b:
                 out[c] = b[0]
-        if isinstance(item, dict) and scored:
-            keep = min(scored, key=scored.get)
-            part.setdefault("cells", [])
-            if keep not in part["cells"]:
-                part["cells"].append(keep)
-        elif not isinstance(item, dict):
-            part.setdefault("cells", [])
-            if item not in part["cells"]:
-                part["cells"].append(item)
+        keep = min(scored, key=scored.get) if isinstance(item, dict) else item
+        cells = part.setdefault("cells", [])
+        if keep not in cells:
+            cells.append(keep)
     return out
 
 
@@ -191,17 +193,6 @@ def _complete(d: Path) -> bool:
     res = json.loads((d / "horizons.json").read_text())
     point = json.loads((d / "point.json").read_text())
     return len(res["horizons"]) == len(point["horizons"])
-
-
-def _experiment_keys(experiment: str, overrides: list) -> tuple[int, int]:
-    from hydra import compose, initialize_config_dir
-
-    from trainer.config_store import register_code_configs
-
-    register_code_configs()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        cfg = compose("config", overrides=[f"experiment={experiment}", *overrides])
-    return int(cfg.train.batch_tokens), int(cfg.optim.warmup_steps)
 
 
 def _train_trunk(runner, part, steps, decay, warmup, cell, lr, mult, seed, role) -> None:
@@ -229,14 +220,9 @@ def _train_trunk(runner, part, steps, decay, warmup, cell, lr, mult, seed, role)
 # --- the report ------------------------------------------------------------------------------------
 
 def corpus_line(experiment: str) -> str:
-    from hydra import compose, initialize_config_dir
-
     from data.config import DataConfig
-    from trainer.config_store import register_code_configs
 
-    register_code_configs()
-    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
-        cfg = compose("config", overrides=[f"experiment={experiment}"])
+    cfg = compose([f"experiment={experiment}"])
     out = DataConfig.from_any(cfg.data).out_dir
     meta_path = out / "meta.json"
     if not meta_path.is_file():

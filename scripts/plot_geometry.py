@@ -54,6 +54,17 @@ def shades(color, n: int) -> list:
     return [tuple(1 - t * (1 - c) for c in rgb) for t in ts]
 
 
+def save(fig, out: Path, title: str | None) -> None:
+    """Title, layout and an atomic write of the figure (a killed run leaves no half-written png)."""
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_open(out, "wb") as f:
+        fig.savefig(f, dpi=110, format="png")
+    plt.close(fig)
+
+
 def plot(runs: list[runlib.Run], out: Path, title: str | None = None) -> None:
     fig, axes = plt.subplots(len(ROWS), len(runs), figsize=(3.4 * len(runs), 2.6 * len(ROWS)), squeeze=False,
                              sharex="col")
@@ -76,13 +87,7 @@ def plot(runs: list[runlib.Run], out: Path, title: str | None = None) -> None:
             ax.grid(alpha=0.3)
         if depth_series(run.stats, ROWS[0][0]):
             axes[0][c].legend(fontsize=6, ncol=2, title="sublayer", title_fontsize=6)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(out, "wb") as f:
-        fig.savefig(f, dpi=110, format="png")
-    plt.close(fig)
+    save(fig, out, title)
 
 
 def plot_scalars(runs: list[runlib.Run], out: Path, title: str | None = None) -> None:
@@ -104,13 +109,7 @@ def plot_scalars(runs: list[runlib.Run], out: Path, title: str | None = None) ->
             if r == len(kinds) - 1:
                 ax.set_xlabel("tokens")
             ax.grid(alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_open(out, "wb") as f:
-        fig.savefig(f, dpi=110, format="png")
-    plt.close(fig)
+    save(fig, out, title)
 
 
 def main(argv=None) -> int:

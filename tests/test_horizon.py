@@ -38,8 +38,7 @@ def study_env(tmp_path, load_script, monkeypatch):
         (out / "horizons.json").write_text(json.dumps({"horizons": rows}))
 
     monkeypatch.setattr(hz.branches, "run", fake_run)
-    monkeypatch.setattr(hz, "reference_params", lambda *a: 102_400)
-    monkeypatch.setattr(hz, "_experiment_keys", lambda *a: (1024, 50))
+    monkeypatch.setattr(hz, "reference_setting", lambda *a: (102_400, 1024, 50))
     args = SimpleNamespace(runs_root=tmp_path / "runs", experiment="horizon", overrides=[], jobs=2)
     runner = SimpleNamespace(study=study, args=args, cells=study.cells)
     return hz, study, part, runner, trained
