@@ -243,3 +243,46 @@ def slope_t_interval(n_by_point: Sequence[float], losses_by_point: Sequence[Sequ
         return b, None, None
     half = stats.t.ppf(0.5 + confidence / 2, len(x) - 2) * float(fit.stderr)
     return b, b - half, b + half
+
+
+def interaction(first: Paired, second: Paired) -> tuple:
+    """Does a method's gap depend on the setting (the block)? The per-seed gaps of two settings whose inits
+    differ (so not paired across them), compared by Welch's test: (difference of mean gaps, lo, hi, p)."""
+    d, lo, hi = diff_ci(first.diffs, second.diffs)
+    return d, lo, hi, welch_p(first.diffs, second.diffs)
+
+
+# --- re-reading published per-seed values ---------------------------------------------------------------------
+# python -m common.stats pre_ln=2.382,2.371,2.380 hybridnorm=2.423,2.439,2.461 mhc=2.380,2.371,2.380
+#   the first name is the reference; values are per seed, in the same seed order for every name.
+
+def _values(arg: str) -> tuple:
+    name, sep, values = arg.partition("=")
+    try:
+        xs = [float(v) for v in values.split(",")] if sep else []
+    except ValueError:
+        xs = []
+    if not name or len(xs) < 2:
+        raise SystemExit(f"error: {arg!r}: expected NAME=v0,v1,... (one value per seed, at least 2)")
+    return name, dict(enumerate(xs))
+
+
+def main(argv: Sequence[str]) -> None:
+    if len(argv) < 2 or argv[0] in ("-h", "--help"):
+        print("usage: python -m common.stats REF=v0,v1,... NAME=v0,v1,... [...]\n"
+              "  each NAME against REF paired by seed (values in the same seed order), Holm over the NAMEs")
+        raise SystemExit(0 if argv and argv[0] in ("-h", "--help") else 2)
+    (ref, ref_values), *cells = [_values(a) for a in argv]
+    comparisons = [paired(v, ref_values) for _, v in cells]
+    verdicts = three_word_verdicts(comparisons, [(name, ref) for name, _ in cells])
+    wide = holm([c.p_equiv.get(PAPER_MARGIN) for c in comparisons])
+    print(f"| {ref} − | gap, paired [95% CI] | verdict (Holm; TOST ±{MARGIN:g}) | TOST ±{PAPER_MARGIN:g} (Holm) |")
+    print("|---|---|---|---|")
+    for (name, _), c, v, w in zip(cells, comparisons, verdicts, wide):
+        print(f"| {name} | {c.mean:+.3f} {c.ci()} | {v} | {'equivalent' if w < ALPHA else 'not shown'} (p={w:.2g}) |")
+
+
+if __name__ == "__main__":
+    import sys
+
+    main(sys.argv[1:])

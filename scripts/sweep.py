@@ -119,7 +119,14 @@ def build_points(meta: dict, grid: list[str], seeds: str | None, variants: str |
     seed_list = [str(s) for s in meta.get("seeds", [0])]
     # label -> further seeds for some points only (e.g. a second seed of a few variants, as seed noise)
     extra_seeds = {str(k): [str(s) for s in v] for k, v in (meta.get("extra_seeds") or {}).items()}
-    if variants:
+    if variants and meta.get("points"):  # a subset of the labelled points, each with all its overrides
+        labels = dict(base)
+        unknown = [v for v in split_values(variants) if v not in labels]
+        if unknown:
+            raise SystemExit(f"--variants: {', '.join(unknown)} not among the experiment's points; "
+                             f"valid: {', '.join(labels)}")
+        base = [(v, labels[v]) for v in split_values(variants)]
+    elif variants:
         base = [(v, [f"norm={v}"]) for v in split_values(variants)]
     if points_file:
         base = [(lbl, [f"{k}={fmt_value(v)}" for k, v in (ovr or {}).items()])
@@ -284,7 +291,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--tune-lr", action="store_true",
                     help="add an optim.lr axis with the experiment's recommended experiment_meta.lr_grid")
     ap.add_argument("--seeds", help="comma list, replaces experiment_meta.seeds")
-    ap.add_argument("--variants", help="comma list of norm names, replaces the experiment's variants/points")
+    ap.add_argument("--variants", help="comma list: of the experiment's point labels where it has points (each keeps its "
+                    "overrides), else of norm names (replacing its variants)")
     ap.add_argument("--points", help="YAML file label -> {key: value}: replaces the experiment's points")
     ap.add_argument("--only", help="comma list of point labels to keep (e.g. rerun one variant)")
     ap.add_argument("--jobs", type=int, default=1, help="local points run at once (default 1: in turn)")

@@ -287,10 +287,19 @@ def test_sweep_slurm_script_and_requirements(capsys, tmp_path: Path) -> None:
     assert sweep.main(["--experiment", "geonorm_125m_books3_512", "--slurm", "--nproc", "8", "--dry-run",
                        "--runs-root", str(tmp_path), "--partition", "gpu", "--", "data.files=/d/*.jsonl"]) == 0
     out = capsys.readouterr().out
-    n = len(experiment_meta("geonorm_125m_books3_512")["variants"])  # one array task per variant
+    n = len(experiment_meta("geonorm_125m_books3_512")["points"])  # one array task per point
     assert f"#SBATCH --array=0-{n - 1}" in out and "#SBATCH --gpus-per-node=8" in out and "#SBATCH --partition=gpu" in out
     assert out.count("torchrun --standalone --nproc_per_node=8 train.py experiment=geonorm_125m_books3_512") == n
     assert "'data.files=/d/*.jsonl'" in out and "norm=sandwich" in out
+    # both readings of GeoNorm's sublayer input, pinned; a subset by label keeps a point's overrides
+    assert "norm=geonorm norm.sublayer_input=norm" in out and "norm=geonorm norm.sublayer_input=raw" in out
+    assert sweep.main(["--experiment", "geonorm_125m_books3_512", "--dry-run", "--variants", "geonorm_raw",
+                       "--runs-root", str(tmp_path), "--", "data.files=/d/*.jsonl"]) == 0
+    out = capsys.readouterr().out
+    assert "norm.sublayer_input=raw" in out and "norm=pre_ln" not in out
+    with pytest.raises(SystemExit, match="valid: pre_ln, post_ln, deepnorm, sandwich, geonorm, geonorm_raw"):
+        sweep.main(["--experiment", "geonorm_125m_books3_512", "--dry-run", "--variants", "geonorm_normin",
+                    "--", "data.files=/d/*.jsonl"])
     with pytest.raises(SystemExit, match="unknown experiment"):
         sweep.main(["--experiment", "nope", "--dry-run"])
 
@@ -535,7 +544,7 @@ def test_sweep_tune_lr_uses_the_experiments_grid(capsys, tmp_path: Path) -> None
                        "--python", "python", "data.files=/data/arxiv/*.jsonl"]) == 0
     out = capsys.readouterr().out
     meta = yaml.safe_load((CONFIGS / "experiment" / "geonorm_125m_arxiv_512.yaml").read_text())["experiment_meta"]
-    for v in meta["variants"]:
+    for v in meta["points"]:
         for lr in meta["lr_grid"]:
             assert f"{v}-lr-{lr!r}-s0" in out and f"optim.lr={lr!r}" in out
     with pytest.raises(SystemExit, match="no experiment_meta.lr_grid"):

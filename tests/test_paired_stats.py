@@ -76,3 +76,23 @@ def test_exponent_interval_uses_t_quantiles():
     fit = stats.linregress([math.log(x) for x in n for _ in range(3)], [math.log(v) for ys in noisy for v in ys])
     assert b == pytest.approx(0.1, abs=1e-3)
     assert hi - b == pytest.approx(stats.t.ppf(0.975, 7) * fit.stderr)
+
+
+def test_interaction_compares_per_seed_gaps_of_two_settings():
+    from common.stats import interaction
+    same = paired({0: 2.41, 1: 2.45, 2: 2.40}, {0: 2.36, 1: 2.40, 2: 2.35})       # +0.05 on every seed
+    flipped = paired({0: 1.70, 1: 1.76, 2: 1.72}, {0: 1.75, 1: 1.80, 2: 1.78})    # -0.05, -0.04, -0.06
+    d, lo, hi, p = interaction(same, flipped)
+    assert d == pytest.approx(0.1) and lo < 0.1 < hi and p < 0.01
+    d, _, _, p = interaction(flipped, paired({0: 1.60, 1: 1.66, 2: 1.62}, {0: 1.65, 1: 1.70, 2: 1.68}))
+    assert abs(d) < 1e-9 and p > 0.9                                             # the same gaps: no interaction
+
+
+def test_the_command_line_rereads_published_per_seed_values(capsys):
+    from common.stats import main
+    main(["pre_ln=2.382,2.371,2.380", "mhc=2.380,2.371,2.380", "pre_derf=3.462,3.448,3.456"])
+    out = capsys.readouterr().out.splitlines()
+    assert out[2].startswith("| mhc | -0.001 [") and "equivalent within ±0.02" in out[2]
+    assert out[3].startswith("| pre_derf | +1.078 [") and "pre_ln ahead (Holm p=" in out[3]
+    with pytest.raises(SystemExit, match="'mhc=2.3': expected NAME=v0,v1"):
+        main(["pre_ln=2.3,2.4", "mhc=2.3"])

@@ -315,8 +315,27 @@ def test_a_contrast_compares_two_cells_at_one_value(load_script):
         grid("gpt2.pre_ln-gated", {3e-3: [2.37, 2.38, 2.39], 1e-2: [2.47, 2.48, 2.46]})
     lines = tables.contrasts(study, runs)
     assert "| gpt2.pre_ln-gated | 0.01 | 2.470, 2.480, 2.460 | 2.470 ± 0.010 |" in "\n".join(lines)
-    assert any(line.startswith("| gpt2.pre_ln-gated |") and "gpt2.pre_ln-gated ahead (p=" in line for line in lines)
+    row = next(line for line in lines if line.startswith("| gpt2.pre_ln-gated |"))
+    assert "| -0.253 [" in row and "gpt2.pre_ln-gated ahead (Holm p=" in row    # paired: 2.47-2.70 etc. per seed
     assert tables.contrasts(study, runs[:6]) == []      # the gated cell has not run: no contrast
+
+
+def test_study_tables_pair_each_cell_with_its_reference_by_seed_and_correct_over_the_table(load_script):
+    """A cell whose per-seed losses track the reference's is equivalent though its seeds spread more than the
+    gap (a two-sample test could not say so); a cell worse on every seed is behind; Holm is over the table."""
+    tables = load_script("study_tables")
+    study = S.Study.load("methods")
+    ref = {1e-3: [2.50, 2.45, 2.55], 3e-3: [2.40, 2.35, 2.45], 1e-2: [2.60, 2.55, 2.65]}
+    runs = grid("gpt2.pre_ln", ref) + \
+        grid("gpt2.mhc", {lr: [x + 0.001 * (i - 1) for i, x in enumerate(xs)] for lr, xs in ref.items()}) + \
+        grid("gpt2.hybridnorm", {lr: [x + 0.06 + 0.005 * i for i, x in enumerate(xs)] for lr, xs in ref.items()})
+    lines = "\n".join(tables.table(study, tables.cell_rows(study, runs)))
+    mhc = next(line for line in lines.splitlines() if line.startswith("| gpt2.mhc |"))
+    hyb = next(line for line in lines.splitlines() if line.startswith("| gpt2.hybridnorm |"))
+    assert "| +0.000 [" in mhc and "equivalent within ±0.02 (Holm TOST p=" in mhc
+    assert "| +0.065 [" in hyb and "gpt2.pre_ln ahead (Holm p=" in hyb
+    pre = next(line for line in lines.splitlines() if line.startswith("| gpt2.pre_ln |"))
+    assert pre.endswith("| — | — | — |")
 
 
 @pytest.mark.slow
