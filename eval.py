@@ -11,13 +11,13 @@ run's wandb run when the checkpoint names one.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
 from pathlib import Path
 
 from common import report_user_errors
+from data.files import read_json
 
 
 def run_dir_of(ckpt_path: Path):
@@ -46,7 +46,7 @@ def resolve_data_dir(cfg, ckpt: dict, rt) -> Path:
             d = Path(main_first(lambda: prepare_dataset(data_cfg)))
     meta = d / "meta.json"
     if meta.is_file():
-        tok = json.loads(meta.read_text()).get("tokenizer")
+        tok = read_json(meta).get("tokenizer")
         if tok is not None and tok != ckpt["tokenizer"]:
             raise EvalConfigError(f"data dir {d} is tokenized with {tok!r} but the checkpoint's model uses "
                              f"{ckpt['tokenizer']!r}; pass --data-dir of a split prepared with {ckpt['tokenizer']!r}")

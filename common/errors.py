@@ -14,14 +14,50 @@ class ConfigError(UserError, ValueError):
     """A bad configuration value. (Also a ValueError, for callers that validate values generically.)"""
 
 
+def disk_full(e: BaseException) -> bool:
+    """A write that failed because the file system is full (or over quota). torch.save's zip writer says so
+    only as a short write: 'unexpected pos N vs M'."""
+    import errno
+
+    if isinstance(e, OSError):
+        return e.errno in (errno.ENOSPC, errno.EDQUOT)
+    return isinstance(e, RuntimeError) and "unexpected pos" in str(e)
+
+
+def environment_message(e: BaseException) -> "str | None":
+    """One line for a file-system fault that is the machine's, not the code's (full disk, read-only or
+    forbidden location, a file where a directory belongs); None for anything else (a bug: keep its
+    traceback)."""
+    import errno
+
+    if not isinstance(e, OSError) or e.errno is None:
+        return None
+    where = e.filename if e.filename is not None else "a file"
+    if disk_full(e):
+        return f"cannot write {where}: the disk is full (or over quota); free space or choose another location"
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"cannot write {where}: {e.strerror}; choose a writable location"
+    if e.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+        return f"cannot use {where}: {e.strerror} (a file where a directory belongs, or the reverse); move it away " \
+               "or choose another location"
+    return None
+
+
 def report_user_errors(fn, *args, **kwargs):
-    """Run an entry point: a UserError becomes one line on stderr and exit status 2; any other
-    exception is a bug and propagates with its traceback. Shared by train.py, eval.py, sample.py,
-    `python -m data.prepare` and the scripts, so the same mistake reads the same everywhere."""
+    """Run an entry point: a UserError, or a file-system fault of the machine (environment_message), becomes
+    one line on stderr and exit status 2; any other exception is a bug and propagates with its traceback.
+    Shared by train.py, eval.py, sample.py, `python -m data.prepare` and the scripts, so the same mistake
+    reads the same everywhere."""
     import sys
 
     try:
         return fn(*args, **kwargs)
     except UserError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as e:
+        msg = environment_message(e)
+        if msg is None:
+            raise
+        print(f"error: {msg}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -13,7 +13,6 @@ cover the global batch, and world size 1 with accum 2 sees the same step as worl
 from __future__ import annotations
 
 import glob
-import json
 import math
 import os
 import warnings
@@ -25,6 +24,7 @@ import numpy as np
 
 from .config import DataError
 from .shards import open_shard
+from .files import read_json
 
 if TYPE_CHECKING:  # annotations only: torch is imported lazily below
     import torch
@@ -78,7 +78,7 @@ def split_files(data_dir: str | os.PathLike, split: str) -> list[Path]:
     d = Path(data_dir)
     meta = d / "meta.json"
     if meta.exists():
-        return [d / s["file"] for s in json.loads(meta.read_text())["splits"].get(split, {}).get("shards", [])]
+        return [d / s["file"] for s in read_json(meta)["splits"].get(split, {}).get("shards", [])]
     return [Path(p) for p in sorted(glob.glob(str(d / f"*{split}_*.bin")))]
 
 

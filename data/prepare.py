@@ -31,9 +31,10 @@ from typing import Optional
 import numpy as np
 
 from common import ConfigError, report_user_errors
+from common.errors import disk_full
 
 from .config import DataConfig, DataError
-from .errors import HubUnreachable
+from .errors import DiskFull
 from .files import atomic_write, writable_dir
 from .loader import GOLDEN_GAMMA, splitmix64
 from .shards import (HEADER_BYTES, MAGIC, MAX_VOCAB, TOKEN_DTYPE, VERSION, open_shard, sha256_file, shard_name,
@@ -41,6 +42,7 @@ from .shards import (HEADER_BYTES, MAGIC, MAX_VOCAB, TOKEN_DTYPE, VERSION, open_
 from .sources import open_streams
 from .tokenizer import get_tokenizer
 from .verify import RECORD
+from .files import read_json
 
 META_FORMAT = "nanonorm-data"
 PROGRESS = "progress.json"
@@ -187,7 +189,7 @@ def _load_progress(out: Path, content: dict) -> tuple[dict | None, str]:
     if not p.exists():
         return None, "no checkpoint"
     try:
-        st = json.loads(p.read_text())
+        st = read_json(p)
     except (OSError, ValueError):
         return None, f"{p} unreadable"
     if st.get("config") != content:
@@ -232,7 +234,7 @@ def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
     meta_path = out / "meta.json"
     if not meta_path.exists():
         return False
-    meta = json.loads(meta_path.read_text())
+    meta = read_json(meta_path, f"delete {out} to prepare it again")
     old = meta.get("config", {})
     for k, v in cfg.content().items():
         if k == "val_min_tokens" and k not in old and meta["splits"]["val"]["tokens"] >= v:
@@ -276,8 +278,8 @@ def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress:
             _run(cfg, tok, out, progress)
         except DataError as e:
             # Bad input fails the same way every time: nothing worth resuming, so leave no half-made dir.
-            # An unreachable hub is the network, not the input: what was prepared stays, to resume.
-            if not isinstance(e, HubUnreachable):
+            # An unreachable hub or a full disk is the machine, not the input: what was prepared stays, to resume.
+            if not getattr(e, "resumable", False):
                 _clear(out)
             (out / ".lock").unlink(missing_ok=True)
             if not any(out.iterdir()):
@@ -333,11 +335,21 @@ def _run(cfg: DataConfig, tok, out: Path, progress) -> None:
         val_held_out = all(s.split is None for s in streams)
         topped = top_up_val(out, writers, cfg.val_min_tokens, tok.eot) if val_held_out else ""
         splits = {s: w.finish() for s, w in writers.items()}
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        done = sum(len(w.shards) for w in writers.values())
+        raise DiskFull(f"the disk holding {out} is full while preparing {cfg.name} (data.root): {done} finished "
+                        "shard(s) kept, the one being written removed; free space and rerun the same command to "
+                        "resume from the last progress checkpoint") from None
     finally:
         bar.close()
         encoder.close()
         for w in writers.values():
-            w.tail.close()
+            try:
+                w.tail.close()
+            except OSError:  # a full disk refuses the buffered rest: the progress checkpoint never counted it
+                pass
     _check_splits(cfg, splits, val_held_out)
     _write_meta(cfg, tok, out, streams, splits, content, topped, t0)
 
@@ -535,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     cfg = report_user_errors(compose_data_config, [a for a in argv if not a.startswith("--")])
     out = report_user_errors(prepare_dataset, cfg, force="--force" in flags, verify="--verify" in flags)
-    meta = json.loads((out / "meta.json").read_text())
+    meta = read_json(out / "meta.json")
     for s, v in meta["splits"].items():
         docs = "? documents (adopted shards)" if v["documents"] is None else f"{v['documents']:,} documents"
         print(f"{out}/{s}: {docs}, {v['tokens']:,} tokens, {len(v['shards'])} shards")

@@ -18,6 +18,7 @@ from .config import DataError
 from .files import atomic_write
 from .loader import split_files
 from .shards import HEADER_BYTES, TOKEN_DTYPE, read_header
+from .files import read_json
 
 RECORD = "verified.json"
 
@@ -39,11 +40,11 @@ def check_data_dir(data_dir, vocab_size: int, splits=("train", "val"), tokenizer
     holds a token id >= vocab_size. Shards already checked (same size, mtime, expected sha) are skipped."""
     d = Path(data_dir)
     meta_path = d / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"splits": {}}
+    meta = read_json(meta_path) if meta_path.is_file() else {"splits": {}}
     expected = {str(d / sh["file"]): sh.get("sha256") for s in meta["splits"].values() for sh in s["shards"]}
     rec_path = d / RECORD
     try:
-        record = json.loads(rec_path.read_text())
+        record = read_json(rec_path)
     except (OSError, ValueError):
         record = {}
     changed = False

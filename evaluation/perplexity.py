@@ -8,7 +8,6 @@ world size (up to float summation order).
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -22,6 +21,7 @@ from common import perplexity
 from data.errors import DataError
 
 from .scoring import count_windows, plan_windows, score_batch
+from data.files import read_json
 
 
 def split_shards(data_dir, split: str) -> list[Path]:
@@ -37,7 +37,7 @@ def split_shards(data_dir, split: str) -> list[Path]:
     if not files:
         meta = data_dir / "meta.json"
         if meta.is_file():
-            have = sorted(json.loads(meta.read_text()).get("splits", {}))
+            have = sorted(read_json(meta).get("splits", {}))
         else:
             have = sorted({m[1] for p in data_dir.iterdir() if (m := re.match(r"^(.+)_\d+\.bin$", p.name))})
         raise DataError(f"no '{split}' shards in {data_dir}; splits there: {', '.join(have) or 'none'}")

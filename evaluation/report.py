@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Optional
 
-from data.files import atomic_write
+from data.files import atomic_write, read_json
 
 
 def write_json(path, payload: dict) -> Path:
@@ -28,7 +28,7 @@ def merge_results(path, new: dict) -> dict:
            "perplexity": new.get("perplexity"), "tasks": sorted(new.get("tasks") or {}),
            "failed_tasks": new.get("failed_tasks") or {}, "time_s": new.get("time_s")}
     path = Path(path)
-    old = json.loads(path.read_text()) if path.is_file() else None
+    old = read_json(path) if path.is_file() else None
     def same(p):  # the same checkpoint: same file, step and training run (however the path was given)
         return (str(Path(p["checkpoint"]).resolve()), p["step"], p.get("wandb_run_id"))
 

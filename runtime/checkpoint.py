@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from common import UserError
+from common.errors import disk_full
 
 from data.files import atomic_open
 
@@ -60,8 +61,16 @@ def save_checkpoint(state: dict, run_dir: Union[str, Path], step: int, keep_last
     path = ckpt_path(run_dir, step)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"format": FORMAT, "version": VERSION, **state, "step": step}
-    with atomic_open(path, "wb") as f:
-        torch.save(state, f)
+    try:
+        with atomic_open(path, "wb") as f:   # on any error the temp file is removed; older checkpoints stay
+            torch.save(state, f)
+    except (OSError, RuntimeError) as e:
+        if not disk_full(e):
+            raise
+        kept = list_checkpoints(run_dir)
+        raise CheckpointError(f"cannot write checkpoint {path}: the disk is full; "
+                              f"{'the last good one, ' + kept[-1].name + ', is kept' if kept else 'no checkpoint kept'}"
+                              "; free space (or lower train.keep_last) and resume with train.resume=auto") from None
     keep = {ckpt_path(run_dir, k).name for k in keep_steps}
     for old in list_checkpoints(run_dir)[:-keep_last]:
         if old.name not in keep:

@@ -24,7 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 import runlib  # noqa: E402
-from data.files import atomic_open  # noqa: E402
+from data.files import atomic_open, writable_dir  # noqa: E402
 
 # One colour per variant, fixed by its place in the registry, so a variant looks the same in every
 # figure. tab10 plus enough distinct extras for every registered variant.
@@ -214,8 +214,12 @@ def main(argv: list[str] | None = None) -> int:
     if not 0.0 <= args.ema < 1.0:
         raise SystemExit(f"--ema={args.ema}: must be in [0, 1)")
 
+    writable_dir(Path(args.out).parent, "--out")   # before reading the runs
     group_by = [k for k in args.group_by.split(",") if k]
     runs = [runlib.load_run(p, group_by) for p in runlib.find_runs(args.runs)]
+    if not any(r.train or r.evals for r in runs):  # rather than two empty figures
+        raise SystemExit(f"no training or eval records in {', '.join(str(r.path / 'metrics.jsonl') for r in runs)}: "
+                         "nothing to plot (a corrupt or empty metrics.jsonl?)")
     meta = runlib.experiment_meta(runs)
     groups = runlib.group_runs(runs, runlib.label_order(meta))
     setting = args.paper_setting or meta.get("paper_setting")
@@ -228,4 +232,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common import report_user_errors
+
+    sys.exit(report_user_errors(main))

@@ -138,4 +138,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common import report_user_errors
+
+    sys.exit(report_user_errors(main))

@@ -18,7 +18,7 @@ from typing import Any, Iterable
 import yaml
 
 from common import perplexity
-from data.files import atomic_write
+from data.files import atomic_write, read_json
 
 PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.yaml"
 # Canonical row order for tables and legends: the variant registry's (then anything else, alphabetically).
@@ -60,7 +60,7 @@ class Run:
     @property
     def initial_val_loss(self) -> float | None:
         """The first evaluation's loss (step 0: the initialised model)."""
-        return float(self.evals[0]["val_loss"]) if self.evals else None
+        return _loss(self.evals[0].get("val_loss")) if self.evals else None
 
     @property
     def failed(self) -> bool:
@@ -74,7 +74,7 @@ class Run:
     def final_val_loss(self) -> float | None:
         if self.summary is not None and self.summary.get("final_val_loss") is not None:
             return float(self.summary["final_val_loss"])
-        return float(self.evals[-1]["val_loss"]) if self.evals else None
+        return _loss(self.evals[-1].get("val_loss")) if self.evals else None
 
     @property
     def final_val_ppl(self) -> float | None:
@@ -99,6 +99,11 @@ class Run:
         return None
 
 
+def _loss(value) -> float:
+    """A recorded loss; null is how the sinks write a non-finite one (NaN has no JSON spelling)."""
+    return math.nan if value is None else float(value)
+
+
 def get_key(cfg: dict, dotted: str, default: Any = None) -> Any:
     node: Any = cfg
     for part in dotted.split("."):
@@ -111,8 +116,12 @@ def get_key(cfg: dict, dotted: str, default: Any = None) -> Any:
 def read_metrics(path: Path) -> dict[str, list]:
     """metrics.jsonl -> lines by kind. A torn last line (run killed mid-write) is ignored."""
     out: dict[str, list] = {"train": [], "eval": [], "spike": [], "stats": [], "summary": []}
-    with open(path) as f:
-        lines = f.read().splitlines()
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except UnicodeDecodeError:
+        raise SystemExit(f"{path}: not a text file (a corrupt metrics.jsonl?); restore it or leave the run out") \
+            from None
     for i, line in enumerate(lines):
         if not line.strip():
             continue
@@ -120,8 +129,11 @@ def read_metrics(path: Path) -> dict[str, list]:
             rec = json.loads(line)  # json accepts NaN/Infinity, which diverged runs write
         except json.JSONDecodeError:
             if i == len(lines) - 1:
-                continue
-            raise SystemExit(f"{path}:{i + 1}: not a JSON line") from None
+                continue  # a torn last line: the run was killed mid-write
+            raise SystemExit(f"{path}:{i + 1}: not a JSON line (a corrupt metrics.jsonl?); restore it or leave "
+                             "the run out") from None
+        if not isinstance(rec, dict):
+            raise SystemExit(f"{path}:{i + 1}: a JSON {type(rec).__name__}, not a record")
         out.setdefault(rec.get("kind", "?"), []).append(rec)
     return out
 
@@ -326,13 +338,13 @@ def tokens_per_run(runs: list[Run]) -> int:
 def study_times(root: Path, study: str) -> dict:
     """{part: wall seconds} of a study, summed over its resumed invocations ({} before any part ran)."""
     path = Path(root) / f"{study}_times.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    return read_json(path) if path.is_file() else {}
 
 
 def add_wall_time(path: Path, part: str, seconds: float) -> None:
     """Add `seconds` to `part`'s wall time in the JSON file `path` (a study's times, summed over resumes)."""
     path = Path(path)
-    times = json.loads(path.read_text()) if path.is_file() else {}
+    times = read_json(path) if path.is_file() else {}
     times[part] = times.get(part, 0.0) + seconds
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(times, indent=1) + "\n")

@@ -14,10 +14,10 @@ logits on the same batch (RMS of the change) and the loss. Seconds per cell on a
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from pathlib import Path
+from data.files import read_json
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_CELLS = {
@@ -58,7 +58,7 @@ def batch_for(cfg, random_batch: bool, micro: int, block: int):
         xy = torch.randint(0, vocab, (micro, block + 1), generator=g)
         return xy[:, :-1], xy[:, 1:], vocab
     data_dir = Path(data_mod.prepare_dataset(cfg.data))
-    tok = data_mod.get_tokenizer(json.loads((data_dir / "meta.json").read_text())["tokenizer"])
+    tok = data_mod.get_tokenizer(read_json(data_dir / "meta.json")["tokenizer"])
     loader = data_mod.TrainLoader(data_dir, micro, block, grad_accum=1, rank=0, world_size=1, seed=0)
     x, y = loader.get_batch(0, 0)
     return x, y, tok.vocab_size
@@ -150,4 +150,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common import report_user_errors
+
+    sys.exit(report_user_errors(main))

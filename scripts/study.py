@@ -56,7 +56,7 @@ import yaml
 
 import runlib
 from common.provenance import code_commit
-from data.files import atomic_write
+from data.files import atomic_write, read_json, read_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 STUDIES = REPO / "configs" / "study"
@@ -91,7 +91,7 @@ class Study:
         if not path.is_file():
             valid = ", ".join(sorted(p.stem for p in studies.glob("*.yaml")))
             raise SystemExit(f"unknown study {name!r}: no {path} (studies: {valid})")
-        d = yaml.safe_load(path.read_text()) or {}
+        d = read_yaml(path, "a study: a mapping with experiment, cells and parts (configs/study/*.yaml)")
         tune = d.pop("tune", {}) or {}
 
         def bad(key, why):
@@ -99,6 +99,18 @@ class Study:
         for k in ("experiment", "cells", "parts"):
             if k not in d:
                 bad(k, "missing")
+        shapes = {"tune": (tune, dict, "a mapping (key, ladder or factor, width)"),
+                  "cells": (d["cells"], dict, "a mapping cell -> {overrides, start}"),
+                  "parts": (d["parts"], list, "a list of parts, each a mapping with name and kind"),
+                  "overrides": (d.get("overrides", []), list, "a list of key=value strings"),
+                  "seeds": (d.get("seeds", []), list, "a list of integers"),
+                  "contrasts": (d.get("contrasts", []), list, "a list of {a, b, at}")}
+        for k, (v, t, what) in shapes.items():
+            if not isinstance(v, t):
+                bad(k, f"a YAML {type(v).__name__}: expected {what}")
+        for i, p in enumerate(d["parts"]):
+            if not isinstance(p, dict) or "name" not in p:
+                bad(f"parts[{i}]", f"{p!r}: expected a mapping with name and kind")
         known = {"doc", "experiment", "overrides", "seeds", "reference", "report", "cells", "parts", "contrasts"}
         for k in set(d) - known:
             bad(k, f"unknown key (valid: tune, {', '.join(sorted(known))})")
@@ -329,7 +341,7 @@ class Runner:
         recorded = self.best_file(self.study.sweep_of(part))
         if recorded.is_file():
             return {c: (v.get("setting") or {self.study.key_of(c): v.get("value", v.get("lr"))}, v["mean"])
-                    for c, v in json.loads(recorded.read_text()).items()}
+                    for c, v in read_json(recorded).items()}
         return {}
 
     def record_bests(self, part: dict) -> None:
@@ -428,7 +440,7 @@ def record(root: Path, study: Study, part: str, seconds: float) -> None:
     """Add the part's wall time, and this checkout's commit, to <root>/<study>_{times,commits}.json."""
     runlib.add_wall_time(root / f"{study.name}_times.json", part, seconds)
     path = root / f"{study.name}_commits.json"
-    done = json.loads(path.read_text()) if path.is_file() else {}
+    done = read_json(path) if path.is_file() else {}
     c = code_commit(REPO) or "unknown"
     if c not in done.setdefault(part, []):
         done[part].append(c)
@@ -505,4 +517,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from common import report_user_errors
+
+    sys.exit(report_user_errors(main))

@@ -85,8 +85,8 @@ def test_resume_auto_refuses_a_run_whose_checkpoints_are_gone(tmp_path, pydocs):
                                           r"restore the checkpoints to resume, or pass train.overwrite=true"):
         train(make_cfg(run, "train.max_steps=4", "train.resume=auto"))
     assert (run / "metrics.jsonl").read_text() == before          # nothing lost
-    (run / "checkpoints").write_text("not a dir")                  # checkpoints/ a file: the same refusal
-    with pytest.raises(ConfigError, match="records training up to step 4"):
+    (run / "checkpoints").write_text("not a dir")                  # checkpoints/ a file: refused, named
+    with pytest.raises(ConfigError, match=r"checkpoints is a file, not a directory"):
         train(make_cfg(run, "train.max_steps=4", "train.resume=auto"))
     (run / "checkpoints").unlink()
     train(make_cfg(run, "train.max_steps=4", "train.resume=auto", "train.overwrite=true"))

@@ -264,7 +264,7 @@ def test_an_unwritable_out_is_refused_before_evaluating(tmp_path, capsys, monkey
     rc, _, err = run_eval(capsys, ckpt, "--tasks", "none", "--data-dir", tmp_path / "data",
                           "--out", tmp_path / "afile" / "r.json")
     assert rc == 2 and len(err.strip().splitlines()) == 1
-    assert f"cannot write to {tmp_path / 'afile'}" in err and "chosen by --out" in err
+    assert f"{tmp_path / 'afile'} is a file, not a directory" in err and "chosen by --out" in err
 
 
 def test_bad_eval_options_give_one_clear_line(tmp_path, capsys):

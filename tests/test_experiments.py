@@ -129,8 +129,8 @@ def test_table_with_an_unwritable_out_is_one_line_before_reading_runs(tmp_path: 
     with pytest.raises(SystemExit) as e:
         make_table.main([str(tmp_path / "no_runs_here"), "--out", str(tmp_path / "afile" / "t.md")])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.strip() == (f"error: cannot write to {tmp_path / 'afile'} (File exists), "
-                                                 "chosen by --out: choose a writable location")
+    assert e.value.code == 2 and err.strip() == (f"error: {tmp_path / 'afile'} is a file, not a directory (chosen by "
+                                                 "--out): move it away or choose another location")
 
 
 def test_table_ablation_labels_unfinished_and_no_paper(tmp_path: Path, capsys) -> None:

@@ -11,7 +11,6 @@ OptimConfig, the keys every optimizer reads) and a `build(model, ocfg, device)` 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, Optional
@@ -59,7 +58,7 @@ class OptimConfig:
     its keys beside the others: `optim.decay_frac`; a file may nest them, `schedule: {name: wsd,
     decay_frac: 0.4}`, so that naming another schedule drops them). `optim_config` builds the pair."""
     name: str = "adamw"                   # the optimizer: adamw | muon (Muon for the matrices group, AdamW for the rest)
-    lr: Annotated[float, Range(0, math.inf, "(]")] = 1e-3  # peak learning rate of the schedule
+    lr: Positive = 1e-3                   # peak learning rate of the schedule (finite: inf trains to NaN weights)
     min_lr: NonNeg = 1e-4                 # floor: cosine decays to it, wsd's final decay ends at it
     weight_decay: NonNeg = 0.1            # decoupled weight decay (groups with weight_decay null)
     grad_clip: Annotated[float, Range(0, note="(0 = no clipping)")] = 1.0  # max global grad norm; 0 = no clipping (the norm is still logged)

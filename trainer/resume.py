@@ -3,6 +3,7 @@ left, the resume decision, what a resume may change (the model: nothing; the dat
 forced), and the pre-emption signals. The loop calls these; rank 0 decides, the others are told."""
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import os
@@ -13,6 +14,7 @@ from typing import Optional, Union
 
 from common import ConfigError, UserError
 from data.config import DataConfig
+from data.files import NotWritable, writable_dir
 from runtime.checkpoint import CheckpointError, ckpt_dir, find_latest, resolve_checkpoint
 
 from .optim import flat_schedule
@@ -32,6 +34,13 @@ def flatten(d: dict, prefix: str = "") -> dict:
 def claim_run_dir(run_dir: Path) -> tuple["RunDirLock", Optional[str]]:
     """Rank 0 takes the run dir's lock before looking at what is in it, and keeps it for the run: two
     runs started into one dir cannot both pass the checks of `decide`. (lock, error or None)."""
+    try:  # before the first step: a checkpoint that cannot be written would otherwise fail at the first save
+        writable_dir(run_dir, "out_dir")
+    except NotWritable as e:
+        return None, str(e)
+    ck = ckpt_dir(run_dir)
+    if ck.exists() and not ck.is_dir():  # not created here: a refused run must leave the dir as it found it
+        return None, f"{ck} is a file, not a directory (chosen by out_dir): move it away or choose another location"
     lock = RunDirLock(run_dir)
     if not lock.acquire():
         return lock, (f"run dir {run_dir} is in use by another train.py (pid {lock.holder()} holds {lock.path}); "
@@ -156,6 +165,7 @@ class RunDirLock:
     def __init__(self, run_dir: Union[str, Path]):
         self.path = Path(run_dir) / self.NAME
         self._f = None
+        self._pid_file: Optional[Path] = None
 
     def acquire(self) -> bool:
         """True when claimed; False when another live process holds the run dir."""
@@ -166,12 +176,41 @@ class RunDirLock:
         except BlockingIOError:
             f.close()
             return False
+        except OSError as e:
+            f.close()
+            if e.errno not in NO_FLOCK:
+                raise
+            return self._acquire_pid_file()
         f.seek(0)
         f.truncate()
         f.write(f"{os.getpid()}\n")  # for the person who finds the lock: which process holds it
         f.flush()
         self._f = f
         return True
+
+    def _acquire_pid_file(self) -> bool:
+        """Where the file system has no flock (Lustre mounted without `-o flock`, some NFS): a pid file
+        created exclusively. Weaker: a killed run leaves it, so a pid that is not alive on this host is
+        taken over; two hosts sharing a run dir are not told apart."""
+        log.warning(f"{self.path.parent}: the file system does not support flock; using a pid file instead "
+                    "(mount with `-o flock` for the kernel's lock)")
+        path = self.path.with_name(self.NAME + ".pid")
+        for _ in range(2):
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                holder = path.read_text().strip()
+                if holder.isdigit() and _alive(int(holder)):
+                    self.path.write_text(f"{holder}\n")
+                    return False
+                path.unlink(missing_ok=True)  # left by a killed run
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(f"{os.getpid()}\n")
+            self.path.write_text(f"{os.getpid()}\n")
+            self._pid_file = path
+            return True
+        return False
 
     def holder(self) -> str:
         try:
@@ -183,6 +222,23 @@ class RunDirLock:
         if self._f is not None:
             self._f.close()  # closing the descriptor drops the flock
             self._f = None
+        if self._pid_file is not None:
+            self._pid_file.unlink(missing_ok=True)
+            self._pid_file = None
+
+
+# flock's errors on a file system that does not implement it
+NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def remove_stale_temps(run_dir: Union[str, Path]) -> list[Path]:

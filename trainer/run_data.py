@@ -1,12 +1,12 @@
 """A run's data: the prepared data dir (rank 0 prepares it first) and the train and validation loaders."""
 from __future__ import annotations
 
-import json
 import logging
 from pathlib import Path
 
 from common import ConfigError
 from runtime import distributed
+from data.files import read_json
 
 
 log = logging.getLogger("nanonorm.train")
@@ -22,12 +22,12 @@ def prepare(data_cfg, dist) -> tuple[Path, str]:
     def prepare_and_check():
         data_dir = Path(data_mod.prepare_dataset(data_cfg))
         if dist.is_main:  # sha256 and token ids of every shard, read once per data dir (recorded)
-            tok_name = json.loads((data_dir / "meta.json").read_text())["tokenizer"]
+            tok_name = read_json(data_dir / "meta.json", f"delete {data_dir} to prepare it again")["tokenizer"]
             data_mod.check_data_dir(data_dir, data_mod.get_tokenizer(tok_name).vocab_size, tokenizer=tok_name)
         return data_dir
 
     data_dir = distributed.main_first(prepare_and_check)
-    tokenizer = json.loads((data_dir / "meta.json").read_text())["tokenizer"]
+    tokenizer = read_json(data_dir / "meta.json", f"delete {data_dir} to prepare it again")["tokenizer"]
     if tokenizer != data_cfg.tokenizer:
         raise ConfigError(f"data dir {data_dir} holds {tokenizer!r} tokens, not data.tokenizer="
                           f"{data_cfg.tokenizer!r}; prepare it again or use its tokenizer")

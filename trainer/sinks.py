@@ -178,7 +178,9 @@ def summary_record(tr, diverged: bool, wall_s: float) -> dict:
     return {"kind": "summary", "step": tr.step, "tokens": tr.step * tr.train_cfg.batch_tokens,
             "final_val_loss": tr.last_val, "final_val_ppl": perplexity(tr.last_val),
             "best_val_loss": tr.best_val if math.isfinite(tr.best_val) else None, **tr.spikes.counts(),
-            "skipped_steps": int(tr.skipped.item()), "diverged": bool(diverged), "steps": tr.step,
+            "skipped_steps": int(tr.skipped.item()), "steps": tr.step,
+            # a run that ends on a non-finite validation loss diverged, even if no step's loss was counted so
+            "diverged": bool(diverged) or (tr.last_val is not None and not math.isfinite(tr.last_val)),
             "norm": tr.mcfg.norm.name, "seed": tr.train_cfg.seed, "wall_s": wall_s, "train_s": tr._train_s(),
             "commit": code_commit()}
 
