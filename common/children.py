@@ -1,0 +1,157 @@
+"""Child processes of the launchers (sweep.py, study.py, branches.py): a train.py they start must never
+outlive them, and must not lose its steps when they are stopped.
+
+- A SIGINT or SIGTERM to the launcher is forwarded to every running child (train.py checkpoints at the next
+  step and exits), the launcher waits for them, starts nothing more, and exits 128 + the signal number.
+- Children run in their own session, so a Ctrl-C at the terminal reaches them once, through the launcher,
+  not twice (a second signal would not wait for the save).
+- On Linux a child gets SIGTERM when its launcher dies, even by kill -9 (prctl PR_SET_PDEATHSIG), so no
+  orphaned run goes on training unseen.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM)
+_PR_SET_PDEATHSIG = 1
+_children: set = set()
+_lock = threading.Lock()
+_stopped: list[int] = []  # the signal that stopped the launcher, once one arrived
+
+_prctl = None
+if sys.platform.startswith("linux"):  # resolved here, not in the forked child (where imports could deadlock)
+    try:
+        _prctl = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+    except (OSError, AttributeError):
+        _prctl = None
+
+
+def _die_with_parent(parent: int):
+    def hook():
+        if _prctl is not None:
+            _prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died between fork and prctl
+            os._exit(1)
+    return hook
+
+
+def popen(cmd: list, **kw) -> subprocess.Popen:
+    """subprocess.Popen that dies with this process and receives its forwarded SIGINT/SIGTERM."""
+    with _lock:
+        if _stopped:
+            raise Stopped(_stopped[0])
+        p = subprocess.Popen(cmd, start_new_session=True, preexec_fn=_die_with_parent(os.getpid()), **kw)
+        _children.add(p)
+    return p
+
+
+def wait(p: subprocess.Popen) -> int:
+    try:
+        return p.wait()
+    finally:
+        with _lock:
+            _children.discard(p)
+
+
+def run(cmd: list, **kw) -> int:
+    """popen + wait: the exit status. Raises Stopped when the launcher was told to stop meanwhile."""
+    rc = wait(popen(cmd, **kw))
+    if _stopped:
+        raise Stopped(_stopped[0])
+    return rc
+
+
+def stopped() -> int | None:
+    """The signal that stopped the launcher, or None."""
+    return _stopped[0] if _stopped else None
+
+
+class Stopped(Exception):
+    """The launcher received SIGINT/SIGTERM: its children were told and waited for; start nothing more."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _forward(signum, _frame):
+    with _lock:
+        first = not _stopped
+        _stopped.append(signum)
+        procs = list(_children)
+    if first:
+        print(f"\n# {signal.Signals(signum).name}: told {len(procs)} running train.py to checkpoint and stop; "
+              "waiting for them (rerun the same command to resume)", file=sys.stderr, flush=True)
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signum)
+
+
+@contextmanager
+def forwarding():
+    """Install the forwarding handlers for the body (main thread only); a Stopped raised in it becomes an exit
+    with 128 + the signal number, after every child has exited."""
+    old = {s: signal.signal(s, _forward) for s in FORWARDED}
+    try:
+        yield
+    except Stopped as e:
+        for p in list(_children):
+            wait(p)
+        raise SystemExit(128 + e.signum) from None
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+# --- GPUs for concurrent runs ----------------------------------------------------------------------
+
+def visible_gpus(spec: str | None = None) -> list[str]:
+    """The GPU ids runs may use: `spec` ("0,1,2,3", a launcher's --gpus), else CUDA_VISIBLE_DEVICES, else
+    every device torch sees; [] on a machine without CUDA."""
+    if spec is None:
+        spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec is not None:
+        return [g.strip() for g in spec.split(",") if g.strip() and g.strip() != "-1"]
+    try:
+        import torch
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:  # no torch or no driver: no GPUs
+        return []
+
+
+class GpuSlots:
+    """Packs concurrent runs onto GPUs: `jobs` slots, each `per_run` GPUs of `gpus`, never one GPU in two
+    slots unless `oversubscribe`. Every child gets its slot's CUDA_VISIBLE_DEVICES (else all land on cuda:0).
+    Without GPUs, every slot is CPU-only and the environment is left as it is."""
+
+    def __init__(self, gpus: list[str], per_run: int, jobs: int, oversubscribe: bool = False):
+        self.groups = [gpus[i:i + per_run] for i in range(0, len(gpus) - per_run + 1, per_run)]
+        if gpus and not self.groups:
+            raise SystemExit(f"--nproc {per_run}: a run needs {per_run} GPUs, {len(gpus)} visible "
+                             f"({','.join(gpus)}): lower --nproc or pass --gpus")
+        if self.groups and jobs > len(self.groups) and not oversubscribe:
+            raise SystemExit(f"--jobs {jobs}: {len(gpus)} visible GPU(s) ({','.join(gpus)}) hold {len(self.groups)} "
+                             f"run(s) of {per_run} GPU(s) at once: lower --jobs to {len(self.groups)}, name the GPUs "
+                             "with --gpus, or pass --oversubscribe to share them")
+        self.free = list(range(jobs))
+        self._lock = threading.Lock()
+
+    def acquire(self) -> tuple[int, dict | None]:
+        """(slot, environment for the child, or None to inherit)."""
+        with self._lock:
+            slot = self.free.pop(0)
+        if not self.groups:
+            return slot, None
+        return slot, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(self.groups[slot % len(self.groups)])}
+
+    def release(self, slot: int) -> None:
+        with self._lock:
+            self.free.append(slot)
+            self.free.sort()

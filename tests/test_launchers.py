@@ -1,0 +1,159 @@
+"""The sweep as a launcher of real processes: points packed one per GPU slot, a SIGTERM/SIGINT forwarded to
+the running points and waited for, no point outliving a killed sweep, and the Slurm array's pre-emption
+requeue. The points are a stand-in for train.py (a shell script given as --python) that records what it saw."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.children import GpuSlots
+
+REPO = Path(__file__).resolve().parent.parent
+
+FAKE = """#!/bin/bash
+# stands in for `python train.py ...`: records its pid and CUDA_VISIBLE_DEVICES, runs until told to stop
+echo "$$ ${CUDA_VISIBLE_DEVICES:-none} $(date +%s.%N) start" >> "$FAKE_DIR/log"
+trap 'echo "$$ ${CUDA_VISIBLE_DEVICES:-none} $(date +%s.%N) term" >> "$FAKE_DIR/log"; exit 0' TERM INT
+end=$(( $(date +%s) + ${FAKE_SECONDS:-60} ))
+while [ "$(date +%s)" -lt $end ]; do sleep 0.05; done
+echo "$$ ${CUDA_VISIBLE_DEVICES:-none} $(date +%s.%N) end" >> "$FAKE_DIR/log"
+"""
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    script = tmp_path / "fake_python"
+    script.write_text(FAKE)
+    script.chmod(0o755)
+    monkeypatch.setenv("FAKE_DIR", str(tmp_path))
+    return script
+
+
+def events(tmp_path) -> list[tuple[int, str, float, str]]:
+    log = tmp_path / "log"
+    out = []
+    for line in (log.read_text().splitlines() if log.is_file() else []):
+        pid, dev, t, what = line.split()
+        out.append((int(pid), dev, float(t), what))
+    return out
+
+
+def sweep_cmd(fake, root, *extra) -> list[str]:
+    return [sys.executable, str(REPO / "scripts" / "sweep.py"), "--name", "t", "--variants", "pre_ln",
+            "--python", str(fake), "--runs-root", str(root), *extra, "--", "model=tiny", "train.max_steps=2"]
+
+
+def wait_for(cond, timeout=60.0):
+    t0 = time.time()
+    while not cond():
+        if time.time() - t0 > timeout:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie nobody has reaped yet, e.g. under a container's init, has stopped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_to_the_sweep_reaches_each_running_point_once_and_starts_nothing_more(tmp_path, fake, sig):
+    proc = subprocess.Popen(sweep_cmd(fake, tmp_path / "runs", "--seeds", "0,1,2", "--jobs", "2"), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: sum(e[3] == "start" for e in events(tmp_path)) == 2)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    ev = events(tmp_path)
+    started = {e[0] for e in ev if e[3] == "start"}
+    assert proc.returncode == 128 + sig, err
+    assert len(started) == 2 and sorted(e[0] for e in ev if e[3] == "term") == sorted(started)   # once each
+    assert f"{signal.Signals(sig).name}: told 2 running train.py to checkpoint and stop" in err
+    assert "Traceback" not in err and not any(alive(p) for p in started)
+
+
+@pytest.mark.slow
+def test_a_killed_sweep_takes_its_points_with_it(tmp_path, fake):
+    proc = subprocess.Popen(sweep_cmd(fake, tmp_path / "runs", "--seeds", "0,1", "--jobs", "2"), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for(lambda: sum(e[3] == "start" for e in events(tmp_path)) == 2)
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: sum(e[3] == "term" for e in events(tmp_path)) == 2, timeout=20)   # SIGTERM, so they save
+    wait_for(lambda: not any(alive(e[0]) for e in events(tmp_path)), timeout=20)
+
+
+@pytest.mark.slow
+def test_points_are_packed_one_per_gpu_and_never_share_one(tmp_path, fake, monkeypatch):
+    monkeypatch.setenv("FAKE_SECONDS", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    r = subprocess.run(sweep_cmd(fake, tmp_path / "runs", "--seeds", "0,1,2,3", "--jobs", "2"), cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    ev = events(tmp_path)
+    spans = {}
+    for pid, dev, t, what in ev:
+        spans.setdefault(pid, {"dev": dev})[what] = t
+    assert len(spans) == 4 and {s["dev"] for s in spans.values()} == {"3", "5"}
+    for a in spans.values():            # two points running at once are on different GPUs
+        for b in spans.values():
+            if a is not b and a["start"] < b["start"] < a["end"]:
+                assert a["dev"] != b["dev"]
+    assert "on CUDA_VISIBLE_DEVICES=3" in r.stdout and "on CUDA_VISIBLE_DEVICES=5" in r.stdout
+    # more jobs than GPUs: refused before anything runs, unless asked
+    r = subprocess.run(sweep_cmd(fake, tmp_path / "runs2", "--seeds", "0,1,2", "--jobs", "3", "--gpus", "0,1"),
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.strip().endswith(
+        "--jobs 3: 2 visible GPU(s) (0,1) hold 2 run(s) of 1 GPU(s) at once: lower --jobs to 2, name the GPUs with "
+        "--gpus, or pass --oversubscribe to share them")
+    assert not (tmp_path / "runs2").exists()
+
+
+def test_gpu_slots_give_each_multi_gpu_point_its_own_devices():
+    slots = GpuSlots(["0", "1", "2", "3"], per_run=2, jobs=2)
+    (a, env_a), (_, env_b) = slots.acquire(), slots.acquire()
+    assert {env_a["CUDA_VISIBLE_DEVICES"], env_b["CUDA_VISIBLE_DEVICES"]} == {"0,1", "2,3"}
+    slots.release(a)
+    assert slots.acquire()[1]["CUDA_VISIBLE_DEVICES"] == env_a["CUDA_VISIBLE_DEVICES"]
+    with pytest.raises(SystemExit, match="a run needs 8 GPUs, 4 visible"):
+        GpuSlots(["0", "1", "2", "3"], per_run=8, jobs=1)
+    over = GpuSlots(["0"], per_run=1, jobs=3, oversubscribe=True)
+    assert [over.acquire()[1]["CUDA_VISIBLE_DEVICES"] for _ in range(3)] == ["0", "0", "0"]
+    assert GpuSlots([], per_run=1, jobs=4).acquire()[1] is None          # CPU: the environment as it is
+
+
+@pytest.mark.slow
+def test_the_slurm_array_requeues_a_pre_empted_point_and_skips_a_finished_one(tmp_path, fake):
+    root = tmp_path / "runs"
+    r = subprocess.run(sweep_cmd(fake, root, "--seeds", "0", "--slurm"), cwd=REPO, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    script = (root / "t" / "sweep.sbatch").read_text()
+    assert "#SBATCH --signal=USR1@120" in script and "#SBATCH --requeue" in script
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text('#!/bin/bash\necho srun >> "$FAKE_DIR/calls"\n'
+                               'while [[ $1 == --* ]]; do shift; done\nexec "$@"\n')
+    (bin_ / "scontrol").write_text('#!/bin/bash\necho "scontrol $*" >> "$FAKE_DIR/calls"\n')
+    for f in bin_.iterdir():
+        f.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "SLURM_ARRAY_TASK_ID": "0",
+           "SLURM_ARRAY_JOB_ID": "77", "FAKE_SECONDS": "0"}
+    # the point exits 0 without a summary line: pre-empted, so the task requeues itself
+    r = subprocess.run(["bash", str(root / "t" / "sweep.sbatch")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "calls").read_text().splitlines() == ["srun", "scontrol requeue 77_0"]
+    point_dir = root / "t" / "pre_ln-s0"
+    assert str(point_dir / "metrics.jsonl") in script
+    point_dir.mkdir(parents=True, exist_ok=True)
+    (point_dir / "metrics.jsonl").write_text(json.dumps({"kind": "summary", "step": 2}) + "\n")
+    r = subprocess.run(["bash", str(root / "t" / "sweep.sbatch")], env=env, capture_output=True, text=True)
+    assert r.returncode == 0 and "point finished already" in r.stdout
+    assert (tmp_path / "calls").read_text().splitlines() == ["srun", "scontrol requeue 77_0"]   # nothing new
