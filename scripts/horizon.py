@@ -28,7 +28,7 @@ import branches
 import runlib
 from common.provenance import code_commit
 from common.stats import MARGIN, PAPER_MARGIN, paired, parabola_optimum, summarize, three_word_verdicts
-from data.files import atomic_write
+from data.files import atomic_write, read_json
 
 REPO = Path(__file__).resolve().parent.parent
 MULT_KEY = "optim.groups.scalars.lr_mult"
@@ -80,14 +80,16 @@ def trunk_dir(root: Path, part: dict, cell: str, lr: float, mult: float, seed: i
 
 # --- reading ---------------------------------------------------------------------------------------
 
-def collect(root: Path, part: dict) -> list:
-    """One row per finished horizon of every trunk of the part: point.json + horizons.json."""
+def collect(root: Path, part: dict, published: Path | None = None) -> list:
+    """One row per finished horizon of every trunk of the part: point.json + horizons.json; then, where
+    `published` (the study's docs/<study>/results.jsonl) has rows of trunks with no run dir here, those rows,
+    so that a fresh checkout resumes the study from its committed results instead of training them again."""
     rows = []
     for p in sorted((root / part["sweep"]).rglob("point.json")):
         h = p.parent / "horizons.json"
         if not h.is_file():
             continue
-        point, res = json.loads(p.read_text()), json.loads(h.read_text())
+        point, res = read_json(p), read_json(h)
         by_steps = {int(k): v for k, v in res["horizons"].items()}
         for tpp, steps in point["horizons"].items():
             if steps in by_steps:
@@ -96,7 +98,18 @@ def collect(root: Path, part: dict) -> list:
                              "tpp": float(tpp), "steps": steps, "tokens": r["tokens"], "val_loss": r["final_val_loss"],
                              "diverged": r["diverged"] or not _finite(r["final_val_loss"]), "train_s": r["train_s"],
                              "trunk": str(p.parent)})
+    if published is not None and published.is_file():
+        here = {(r["cell"], r["lr"], r["mult"], r["seed"]) for r in rows}
+        for line in published.read_text().splitlines():
+            r = json.loads(line)
+            key = (r["cell"], r["lr"], r["mult"], r["seed"])
+            if r.get("part") == part["name"] and key not in here:
+                rows.append({**r, "trunk": f"{published}#{r['cell']}/lr{r['lr']:g}-m{r['mult']:g}/s{r['seed']}"})
     return rows
+
+
+def published(docs: Path, study) -> Path:
+    return docs / study.name / "results.jsonl"
 
 
 def _finite(x) -> bool:
@@ -131,17 +144,19 @@ def run_part(runner, part: dict) -> None:
     decay = float(part.get("decay_frac", 0.2))
     branches.plan(list(steps.values()), decay, warmup)
     sel, test = list(study.seeds), list(part["test_seeds"])
+    pub = published(args.docs, study)
 
     def trunks(points):
+        done = {k for k, n in _published_counts(collect(root, part, pub)).items() if n == len(steps)}
         todo = [(c, lr, m, s, role) for c, lr, m, s, role in points
-                if not (trunk_dir(root, part, c, lr, m, s) / "horizons.json").is_file()
-                or not _complete(trunk_dir(root, part, c, lr, m, s))]
+                if (c, lr, m, s) not in done and (not (trunk_dir(root, part, c, lr, m, s) / "horizons.json").is_file()
+                                                  or not _complete(trunk_dir(root, part, c, lr, m, s)))]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             for f in [pool.submit(_train_trunk, runner, part, steps, decay, warmup, *t) for t in todo]:
                 f.result()
 
     for cell in cells:  # cell by cell: a study stopped part-way has whole cells
-        rows = lambda: [r for r in collect(root, part) if r["cell"] == cell]  # noqa: E731
+        rows = lambda: [r for r in collect(root, part, pub) if r["cell"] == cell]  # noqa: E731
         lrs = study.around(centre.get(cell, study.cells[cell]["start"]))
         trunks([(cell, lr, 1.0, s, "selection") for lr in lrs for s in sel])
         for _ in range(study.edge_rounds):
@@ -172,7 +187,7 @@ def _centres(runner, part: dict) -> dict:
     if "of" not in part:
         return {}
     of = runner.study.part(part["of"])
-    rows = collect(runner.args.runs_root, of)
+    rows = collect(runner.args.runs_root, of, published(runner.args.docs, runner.study))
     out = {}
     for item in part.get("pick", []):
         names = item["best_of"] if isinstance(item, dict) else [item]
@@ -189,9 +204,19 @@ def _centres(runner, part: dict) -> dict:
     return out
 
 
+def _published_counts(rows: list) -> dict:
+    """(cell, lr, mult, seed) -> horizons recorded in the published results (rows with no run dir here)."""
+    out = {}
+    for r in rows:
+        if "#" in r["trunk"]:
+            k = (r["cell"], r["lr"], r["mult"], r["seed"])
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
 def _complete(d: Path) -> bool:
-    res = json.loads((d / "horizons.json").read_text())
-    point = json.loads((d / "point.json").read_text())
+    res = read_json(d / "horizons.json")
+    point = read_json(d / "point.json")
     return len(res["horizons"]) == len(point["horizons"])
 
 
@@ -203,7 +228,7 @@ def _train_trunk(runner, part, steps, decay, warmup, cell, lr, mult, seed, role)
              "horizons": {f"{t:g}": s for t, s in steps.items()}, "decay_frac": decay,
              "commit": code_commit(REPO) or "unknown"}
     if (out / "point.json").is_file():  # a resumed trunk keeps the commit it started with
-        point["commit"] = json.loads((out / "point.json").read_text()).get("commit", point["commit"])
+        point["commit"] = read_json(out / "point.json").get("commit", point["commit"])
     atomic_write(out / "point.json", json.dumps(point, indent=1) + "\n")
     overrides = [f"experiment={args.experiment}", *study.overrides, *cell_overrides(study, part, cell),
                  f"optim.lr={lr:g}", f"{MULT_KEY}={mult:g}", f"train.seed={seed}", *args.overrides]
@@ -227,7 +252,7 @@ def corpus_line(experiment: str) -> str:
     meta_path = out / "meta.json"
     if not meta_path.is_file():
         return f"Corpus: {cfg.data.name} (not prepared on this checkout: {out})."
-    meta = json.loads(meta_path.read_text())
+    meta = read_json(meta_path)
     info, sp = meta["source"].get("stream0", {}), meta["splits"]
     return (f"Corpus: `{meta['name']}` ({meta['tokenizer']} tokenizer), {sp['train']['documents']:,} training files "
             f"({sp['train']['tokens']:,} tokens) and {sp['val']['documents']:,} validation files "
@@ -276,13 +301,11 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
     lines = [f"# {study.name} study: tables", "", "Written by `python scripts/study.py horizon --report` from the "
              "run dirs; every number below is a final validation loss (nats per byte) of a WSD run.", "",
              corpus_line(experiment), ""]
-    all_rows = []
+    parts = {p["name"]: collect(root, p, published(docs, study)) for p in study.parts if p["kind"] == "horizon"}
+    all_rows = [r for rows in parts.values() for r in rows]
     for part in study.parts:
-        if part["kind"] != "horizon":
-            continue
-        rows = collect(root, part)
-        all_rows += rows
-        lines += part_tables(study, part, rows)
+        if part["name"] in parts:
+            lines += part_tables(study, part, parts[part["name"]])
     times = runlib.study_times(root, study.name)
     if times:
         lines += ["## Wall time", "", "| part | wall |", "|---|---|"]
@@ -291,8 +314,8 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
     atomic_write(d / "results.jsonl", "".join(json.dumps({k: v for k, v in r.items() if k != "trunk"}) + "\n"
                                               for r in all_rows))
     for part in study.parts:
-        if part["kind"] == "horizon":
-            figure(study, part, collect(root, part), d / f"{part['name']}_gap.png")
+        if part["name"] in parts:
+            figure(study, part, parts[part["name"]], d / f"{part['name']}_gap.png")
     print(f"wrote {d / 'tables.md'}")
 
 
@@ -346,7 +369,8 @@ def scalar_table(study, part: dict, rows: list, res: dict) -> list:
     any_row = False
     for c, e in res.get(t, {}).items():
         trunks = sorted({r["trunk"] for r in rows if r["cell"] == c and (r["lr"], r["mult"]) == e["setting"]})
-        moves = [runlib.scalar_movement(runlib.load_run(Path(p) / "trunk").stats) for p in trunks]
+        moves = [runlib.scalar_movement(runlib.load_run(Path(p) / "trunk").stats) for p in trunks
+                 if (Path(p) / "trunk").is_dir()]  # published rows alone carry no stats
         moves = [m for m in moves if m]
         if not moves:
             continue

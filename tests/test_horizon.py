@@ -39,7 +39,8 @@ def study_env(tmp_path, load_script, monkeypatch):
 
     monkeypatch.setattr(hz.branches, "run", fake_run)
     monkeypatch.setattr(hz, "reference_setting", lambda *a: (102_400, 1024, 50))
-    args = SimpleNamespace(runs_root=tmp_path / "runs", experiment="horizon", overrides=[], jobs=2)
+    args = SimpleNamespace(runs_root=tmp_path / "runs", docs=tmp_path / "docs", experiment="horizon", overrides=[],
+                           jobs=2)
     runner = SimpleNamespace(study=study, args=args, cells=study.cells)
     return hz, study, part, runner, trained
 
@@ -77,3 +78,25 @@ def test_the_report_compares_paired_by_seed_on_the_test_seeds(study_env, tmp_pat
     lines = (tmp_path / "docs" / "horizon" / "results.jsonl").read_text().splitlines()
     assert len(lines) == 2 * len(trained) and all({"seed", "lr", "tokens", "commit"} <= set(json.loads(x)) for x in lines)
     assert (tmp_path / "docs" / "horizon" / "a_gap.png").stat().st_size > 5_000
+
+
+def test_a_fresh_checkout_resumes_from_the_published_results(study_env, monkeypatch):
+    """Run dirs are not committed; docs/<study>/results.jsonl is. Without the run dirs the finished trunks
+    are read from it and not trained again, and the report writes the same results back."""
+    import shutil
+
+    hz, study, part, runner, trained = study_env
+    monkeypatch.setattr(hz, "corpus_line", lambda exp: "Corpus: synthetic.")
+    hz.run_part(runner, part)
+    hz.report(study, runner.args.runs_root, runner.args.docs, "horizon")
+    results = runner.args.docs / "horizon" / "results.jsonl"
+    before, n = sorted(results.read_text().splitlines()), len(trained)
+    shutil.rmtree(runner.args.runs_root)
+    hz.run_part(runner, part)
+    assert len(trained) == n
+    hz.report(study, runner.args.runs_root, runner.args.docs, "horizon")
+    assert sorted(results.read_text().splitlines()) == before
+    # a published trunk missing a horizon is trained again
+    results.write_text("".join(x + "\n" for x in before if not ('"seed": 4' in x and '"tpp": 4.0' in x)))
+    hz.run_part(runner, part)
+    assert sorted({t[3] for t in trained[n:]}) == [4] and len(trained) == n + 2
