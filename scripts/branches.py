@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 import runlib
+from common import children
 from data.files import atomic_write
 
 REPO = Path(__file__).resolve().parent.parent
@@ -76,29 +77,29 @@ def run_dir_of(out: Path, horizon: int, p: dict) -> Path:
     return out / ("trunk" if horizon == p["trunk"] else f"h{horizon}")
 
 
-def train(args: list[str], log: Path | None) -> None:
+def train(args: list[str], log: Path | None, env: dict | None = None) -> None:
     cmd = [sys.executable, str(REPO / "train.py"), *args]
     if log is None:
         print("$", " ".join(cmd), flush=True)
     with open(log, "a") if log else open("/dev/null") as f:
-        rc = subprocess.run(cmd, cwd=REPO, stdout=f if log else None, stderr=subprocess.STDOUT if log else None).returncode
+        rc = children.run(cmd, cwd=REPO, stdout=f if log else None, stderr=subprocess.STDOUT if log else None, env=env)
     if rc != 0:
         where = f" (log {log})" if log else ""
         raise RuntimeError(f"train.py {' '.join(args)} failed with exit {rc}{where}")
 
 
 def run(out: Path, horizons: list[int], decay_frac: float, overrides: list[str], warmup: int = 0,
-        log: Path | None = None) -> dict:
+        log: Path | None = None, env: dict | None = None) -> dict:
     """Train the trunk and every branch of `out` not yet finished; write and return horizons.json."""
     p = plan(horizons, decay_frac, warmup)
     out.mkdir(parents=True, exist_ok=True)
     if not runlib.is_finished(out / "trunk"):
-        train([*overrides, *trunk_args(p, decay_frac, out)], log)
+        train([*overrides, *trunk_args(p, decay_frac, out)], log, env)
         if not runlib.is_finished(out / "trunk"):  # stopped by a signal (saved): rerun to resume
             raise RuntimeError(f"{out / 'trunk'} stopped before its end; rerun to resume it")
     for h, start in p["branches"].items():
         if not runlib.is_finished(out / f"h{h}"):
-            train([*overrides, *branch_args(h, start, decay_frac, out)], log)
+            train([*overrides, *branch_args(h, start, decay_frac, out)], log, env)
             if not runlib.is_finished(out / f"h{h}"):
                 raise RuntimeError(f"{out / f'h{h}'} stopped before its end; rerun to resume it")
     return summarize(out, p, decay_frac)

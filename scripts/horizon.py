@@ -26,6 +26,7 @@ from pathlib import Path
 
 import branches
 import runlib
+from common import children
 from common.provenance import code_commit
 from common.stats import MARGIN, PAPER_MARGIN, paired, parabola_optimum, summarize, three_word_verdicts
 from data.files import atomic_write, read_json
@@ -145,6 +146,8 @@ def run_part(runner, part: dict) -> None:
     branches.plan(list(steps.values()), decay, warmup)
     sel, test = list(study.seeds), list(part["test_seeds"])
     pub = published(args.docs, study)
+    slots = children.GpuSlots(children.visible_gpus(getattr(args, "gpus", None)), 1, args.jobs,
+                              getattr(args, "oversubscribe", False))  # one GPU per trunk, never cuda:0 for all
 
     def trunks(points):
         done = {k for k, n in _published_counts(collect(root, part, pub)).items() if n == len(steps)}
@@ -152,7 +155,7 @@ def run_part(runner, part: dict) -> None:
                 if (c, lr, m, s) not in done and (not (trunk_dir(root, part, c, lr, m, s) / "horizons.json").is_file()
                                                   or not _complete(trunk_dir(root, part, c, lr, m, s)))]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for f in [pool.submit(_train_trunk, runner, part, steps, decay, warmup, *t) for t in todo]:
+            for f in [pool.submit(_train_trunk, runner, part, steps, decay, warmup, slots, *t) for t in todo]:
                 f.result()
 
     for cell in cells:  # cell by cell: a study stopped part-way has whole cells
@@ -220,7 +223,7 @@ def _complete(d: Path) -> bool:
     return len(res["horizons"]) == len(point["horizons"])
 
 
-def _train_trunk(runner, part, steps, decay, warmup, cell, lr, mult, seed, role) -> None:
+def _train_trunk(runner, part, steps, decay, warmup, slots, cell, lr, mult, seed, role) -> None:
     study, args = runner.study, runner.args
     out = trunk_dir(args.runs_root, part, cell, lr, mult, seed)
     out.mkdir(parents=True, exist_ok=True)
@@ -234,11 +237,14 @@ def _train_trunk(runner, part, steps, decay, warmup, cell, lr, mult, seed, role)
                  f"optim.lr={lr:g}", f"{MULT_KEY}={mult:g}", f"train.seed={seed}", *args.overrides]
     t0 = time.time()
     print(f"# {cell} lr={lr:g} mult={mult:g} seed={seed} ({role}) -> {out}", flush=True)
+    slot, env = slots.acquire()
     try:
-        branches.run(out, list(steps.values()), decay, overrides, warmup, log=out / "train.log")
+        branches.run(out, list(steps.values()), decay, overrides, warmup, log=out / "train.log", env=env)
     except RuntimeError as e:  # a failed trunk (e.g. diverged past recovery) is recorded, the study goes on
         print(f"! {e}", flush=True)
         return
+    finally:
+        slots.release(slot)
     print(f"# done {cell} lr={lr:g} mult={mult:g} seed={seed}: {time.time() - t0:.0f} s", flush=True)
 
 

@@ -45,7 +45,6 @@ import argparse
 import functools
 import json
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +54,7 @@ from pathlib import Path
 import yaml
 
 import runlib
+from common import children
 from common.provenance import code_commit
 from data.files import atomic_write, read_json, read_yaml
 
@@ -298,11 +298,12 @@ class Runner:
             yaml.safe_dump(points, f, sort_keys=False)
         cmd = [sys.executable, str(REPO / "scripts" / "sweep.py"), "--name", name, "--runs-root",
                str(self.args.runs_root), "--experiment", experiment or self.args.experiment, "--points", f.name,
-               "--jobs", str(jobs or self.args.jobs), "--seeds", ",".join(map(str, seeds)), "--",
+               "--jobs", str(jobs or self.args.jobs), *(["--gpus", self.args.gpus] if self.args.gpus else []),
+               *(["--oversubscribe"] if self.args.oversubscribe else []), "--seeds", ",".join(map(str, seeds)), "--",
                *self.study.overrides, *extra, *self.args.overrides]
         print("$", " ".join(cmd), flush=True)
         try:
-            rc = subprocess.run(cmd, check=False).returncode
+            rc = children.run(cmd)
         finally:
             Path(f.name).unlink()
         if rc != 0:
@@ -432,7 +433,7 @@ class Runner:
                 continue
             cmd = [sys.executable, str(REPO / "scripts" / f"{part['script']}.py"), str(r.path), *map(str, part.get("args", []))]
             print("$", " ".join(cmd), flush=True)
-            if subprocess.run(cmd, check=False).returncode != 0:
+            if children.run(cmd) != 0:
                 raise SystemExit(f"{part['script']} on {r.path} failed")
 
 
@@ -473,6 +474,9 @@ def main(argv=None) -> int:
     ap.add_argument("--docs", type=Path, help="where the report and the recorded bests go, <docs>/<study>/* "
                     "(default docs; with another experiment or overrides: <runs-root>/docs)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")
+    ap.add_argument("--gpus", help="GPU ids the runs are packed onto, one per run (default: CUDA_VISIBLE_DEVICES, else "
+                    "every GPU); --jobs may not exceed them unless --oversubscribe")
+    ap.add_argument("--oversubscribe", action="store_true", help="let --jobs exceed the GPUs")
     ap.add_argument("--cells", help="comma list: only these cells (a partial study)")
     ap.add_argument("--shapes", help="shapes parts: comma list of shape labels (default all, cheapest first)")
     ap.add_argument("--experiment", help="the experiment every run starts from (default: the study's)")
@@ -504,6 +508,15 @@ def main(argv=None) -> int:
         print("cells: " + ", ".join(study.cells))
         return 0
     runner = Runner(study, args)
+    with children.forwarding():  # Ctrl-C / SIGTERM: every running train.py checkpoints; rerun to resume
+        run_parts(runner, parts, args)
+    if not args.part:
+        report(study, args.runs_root, args.docs, args.experiment)
+    return 0
+
+
+def run_parts(runner, parts: list, args) -> None:
+    study = runner.study
     for part in parts:
         t0 = time.time()
         try:
@@ -511,9 +524,6 @@ def main(argv=None) -> int:
         finally:  # wall time per part, added up over resumed invocations (the report prints it)
             record(args.runs_root, study, part["name"], time.time() - t0)
         print(f"### part {part['name']}: {time.time() - t0:.0f} s wall", flush=True)
-    if not args.part:
-        report(study, args.runs_root, args.docs, args.experiment)
-    return 0
 
 
 if __name__ == "__main__":

@@ -25,14 +25,15 @@ def study_env(tmp_path, load_script, monkeypatch):
     part = {"name": "a", "kind": "horizon", "sweep": "horizon_a", "cells": ["gpt2.pre_ln", "gpt2.mhc"],
             "horizons": [1, 4], "test_seeds": [2, 3, 4], "decay_frac": 0.2}
     study.parts = [part]
-    trained = []
+    trained, devices = [], []
 
-    def fake_run(out, horizons, decay, overrides, warmup=0, log=None):
+    def fake_run(out, horizons, decay, overrides, warmup=0, log=None, env=None):
         point = json.loads((out / "point.json").read_text())
         o = dict(a.split("=", 1) for a in overrides)
         lr, mult, seed = float(o["optim.lr"]), float(o[hz.MULT_KEY]), int(o["train.seed"])
         assert (lr, mult, seed) == (point["lr"], point["mult"], point["seed"])
         trained.append((point["cell"], lr, mult, seed, point["role"]))
+        devices.append(env and env.get("CUDA_VISIBLE_DEVICES"))
         rows = {h: {"steps": h, "tokens": h * 1024, "final_val_loss": fake_loss(point["cell"], lr, mult, seed, h),
                     "diverged": False, "train_s": 1.0} for h in horizons}
         (out / "horizons.json").write_text(json.dumps({"horizons": rows}))
@@ -42,6 +43,7 @@ def study_env(tmp_path, load_script, monkeypatch):
     args = SimpleNamespace(runs_root=tmp_path / "runs", docs=tmp_path / "docs", experiment="horizon", overrides=[],
                            jobs=2)
     runner = SimpleNamespace(study=study, args=args, cells=study.cells)
+    runner.devices = devices
     return hz, study, part, runner, trained
 
 
@@ -100,3 +102,13 @@ def test_a_fresh_checkout_resumes_from_the_published_results(study_env, monkeypa
     results.write_text("".join(x + "\n" for x in before if not ('"seed": 4' in x and '"tpp": 4.0' in x)))
     hz.run_part(runner, part)
     assert sorted({t[3] for t in trained[n:]}) == [4] and len(trained) == n + 2
+
+
+def test_trunks_run_at_once_are_on_different_gpus(study_env):
+    hz, study, part, runner, trained = study_env
+    runner.args.gpus = "4,6"
+    hz.run_part(runner, part)
+    assert set(runner.devices) == {"4", "6"} and len(runner.devices) == len(trained)
+    runner.args.jobs = 3
+    with __import__("pytest").raises(SystemExit, match="--jobs 3: 2 visible GPU"):
+        hz.run_part(runner, part)
