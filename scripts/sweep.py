@@ -108,6 +108,20 @@ def load_points(path: str) -> dict:
     return points
 
 
+def _repeated(values: list[str]) -> tuple[str, str] | None:
+    """Two spellings of one value (1e-3, 0.001; 3, 3.0), or None."""
+    seen = {}
+    for v in values:
+        try:
+            k = float(v)
+        except ValueError:
+            k = v
+        if k in seen:
+            return seen[k], v
+        seen[k] = v
+    return None
+
+
 def build_points(meta: dict, grid: list[str], seeds: str | None, variants: str | None,
                  points_file: str | None = None) -> list[dict]:
     """The grid as a list of {label, seed, overrides (ordered list of 'k=v')}."""
@@ -144,6 +158,9 @@ def build_points(meta: dict, grid: list[str], seeds: str | None, variants: str |
         values = split_values(vals)
         if not values:
             raise SystemExit(f"--grid {spec!r}: no values")
+        same = _repeated(values)
+        if same:  # 1e-3 and 0.001 are one point: it would run twice, and count twice in a mean
+            raise SystemExit(f"--grid {spec!r}: {same[0]} and {same[1]} are the same value; give each value once")
         if key == "norm":
             base = [(v, [f"norm={v}"]) for v in values]
         elif key == KEY_SEED:

@@ -157,3 +157,12 @@ def test_the_slurm_array_requeues_a_pre_empted_point_and_skips_a_finished_one(tm
     r = subprocess.run(["bash", str(root / "t" / "sweep.sbatch")], env=env, capture_output=True, text=True)
     assert r.returncode == 0 and "point finished already" in r.stdout
     assert (tmp_path / "calls").read_text().splitlines() == ["srun", "scontrol requeue 77_0"]   # nothing new
+
+
+def test_a_grid_value_given_twice_in_two_spellings_is_refused(load_script):
+    load_script("runlib")
+    sweep = load_script("sweep")
+    with pytest.raises(SystemExit, match=r"--grid 'optim.lr=1e-3,0.001': 1e-3 and 0.001 are the same value"):
+        sweep.main(["--name", "t", "--grid", "optim.lr=1e-3,0.001", "--dry-run", "--", "model=tiny"])
+    with pytest.raises(SystemExit, match="norm=pre_ln,pre_ln"):
+        sweep.main(["--name", "t", "--grid", "norm=pre_ln,pre_ln", "--dry-run"])
