@@ -501,6 +501,8 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown --cells {', '.join(unknown)}: valid are {', '.join(study.cells)}")
     args.shapes = args.shapes.split(",") if args.shapes else None
     parts = [study.part(args.part)] if args.part else [] if args.report else study.parts
+    if not args.report:
+        check_setting(study, args)
     if args.list:
         for p in study.parts:
             where = f"sweep {study.sweep_of(p)}" if study.sweep_of(p) else f"scripts/{p['script']}.py"
@@ -513,6 +515,32 @@ def main(argv=None) -> int:
     if not args.part:
         report(study, args.runs_root, args.docs, args.experiment)
     return 0
+
+
+def check_setting(study: Study, args) -> None:
+    """The experiment and the overrides every run shares compose into a valid config (one line otherwise),
+    before --list says what would run or anything starts."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from common import UserError
+    from common.config import composition_error_line
+    from trainer.config import parse_run_config
+    from trainer.config_store import group_defaults, register_code_configs
+
+    if not (REPO / "configs" / "experiment" / f"{args.experiment}.yaml").is_file():
+        valid = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
+        raise SystemExit(f"--experiment {args.experiment}: no configs/experiment/{args.experiment}.yaml; valid: "
+                         + ", ".join(valid))
+    register_code_configs()
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
+        try:
+            parse_run_config(compose("config", overrides=[f"experiment={args.experiment}", *study.overrides,
+                                                          *args.overrides]))
+        except UserError as e:
+            raise SystemExit(f"{study.name}: {' '.join(str(e).split())}") from None
+        except HydraException as e:
+            raise SystemExit(f"{study.name}: {composition_error_line(e, group_defaults())}") from None
 
 
 def run_parts(runner, parts: list, args) -> None:

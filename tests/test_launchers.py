@@ -166,3 +166,13 @@ def test_a_grid_value_given_twice_in_two_spellings_is_refused(load_script):
         sweep.main(["--name", "t", "--grid", "optim.lr=1e-3,0.001", "--dry-run", "--", "model=tiny"])
     with pytest.raises(SystemExit, match="norm=pre_ln,pre_ln"):
         sweep.main(["--name", "t", "--grid", "norm=pre_ln,pre_ln", "--dry-run"])
+
+
+def test_study_list_refuses_an_unknown_experiment_or_norm(load_script):
+    load_script("runlib"), load_script("sweep")
+    study = load_script("study")
+    with pytest.raises(SystemExit, match=r"--experiment nope: no configs/experiment/nope.yaml; valid: .*fidelity"):
+        study.main(["horizon", "--experiment", "nope", "--list"])
+    with pytest.raises(SystemExit, match=r"^horizon: unknown norm=nope: valid are .*pre_ln"):
+        study.main(["horizon", "--list", "--", "norm=nope"])
+    assert study.main(["horizon", "--list"]) == 0
