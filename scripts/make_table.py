@@ -137,6 +137,10 @@ def _sort_key(v):
 
 def best_rows(runs: list[runlib.Run], key: str, order: list[str], paper: dict | None) -> list[dict]:
     """Rows of --best-over KEY: each row's runs at its best value of KEY (runlib.best_over)."""
+    missing = object()
+    if runs and all(runlib.get_key(r.config, key, missing) is missing for r in runs):
+        raise SystemExit(f"--best-over {key}: no run's config.yaml has that key (a typo? e.g. optim.lr, "
+                         "optim.groups.scalars.lr_mult)")
     groups: dict[str, list[runlib.Run]] = {}
     for r in runs:
         groups.setdefault(runlib.label_without(r, key), []).append(r)

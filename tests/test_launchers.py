@@ -176,3 +176,16 @@ def test_study_list_refuses_an_unknown_experiment_or_norm(load_script):
     with pytest.raises(SystemExit, match=r"^horizon: unknown norm=nope: valid are .*pre_ln"):
         study.main(["horizon", "--list", "--", "norm=nope"])
     assert study.main(["horizon", "--list"]) == 0
+
+
+def test_make_table_best_over_a_key_no_run_has_is_refused(tmp_path, load_script):
+    load_script("runlib")
+    make_table = load_script("make_table")
+    d = tmp_path / "sw" / "a"
+    d.mkdir(parents=True)
+    (d / "config.yaml").write_text("norm: {name: pre_ln}\noptim: {lr: 0.003}\ntrain: {seed: 0}\n")
+    (d / "metrics.jsonl").write_text(json.dumps({"kind": "summary", "step": 4, "tokens": 8, "final_val_loss": 2.5,
+                                                 "diverged": False}) + "\n")
+    with pytest.raises(SystemExit, match=r"--best-over nokey.x: no run's config.yaml has that key"):
+        make_table.main([str(tmp_path / "sw"), "--best-over", "nokey.x"])
+    assert make_table.main([str(tmp_path / "sw"), "--best-over", "optim.lr"]) == 0
