@@ -2,6 +2,8 @@
 bracketed, the scalar-lr axis, fresh test seeds at each horizon's best, and the paired report."""
 import json
 import math
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -25,7 +27,7 @@ def study_env(tmp_path, load_script, monkeypatch):
     part = {"name": "a", "kind": "horizon", "sweep": "horizon_a", "cells": ["gpt2.pre_ln", "gpt2.mhc"],
             "horizons": [1, 4], "test_seeds": [2, 3, 4], "decay_frac": 0.2}
     study.parts = [part]
-    trained, devices = [], []
+    trained, devices, active, lock = [], [], set(), threading.Lock()
 
     def fake_run(out, horizons, decay, overrides, warmup=0, log=None, env=None):
         point = json.loads((out / "point.json").read_text())
@@ -33,7 +35,15 @@ def study_env(tmp_path, load_script, monkeypatch):
         lr, mult, seed = float(o["optim.lr"]), float(o[hz.MULT_KEY]), int(o["train.seed"])
         assert (lr, mult, seed) == (point["lr"], point["mult"], point["seed"])
         trained.append((point["cell"], lr, mult, seed, point["role"]))
-        devices.append(env and env.get("CUDA_VISIBLE_DEVICES"))
+        dev = env and env.get("CUDA_VISIBLE_DEVICES")
+        devices.append(dev)
+        if dev is not None:  # two trunks running at once never share a GPU
+            with lock:
+                assert dev not in active
+                active.add(dev)
+            time.sleep(0.02)
+            with lock:
+                active.discard(dev)
         rows = {h: {"steps": h, "tokens": h * 1024, "final_val_loss": fake_loss(point["cell"], lr, mult, seed, h),
                     "diverged": False, "train_s": 1.0} for h in horizons}
         (out / "horizons.json").write_text(json.dumps({"horizons": rows}))
@@ -108,7 +118,7 @@ def test_trunks_run_at_once_are_on_different_gpus(study_env):
     hz, study, part, runner, trained = study_env
     runner.args.gpus = "4,6"
     hz.run_part(runner, part)
-    assert set(runner.devices) == {"4", "6"} and len(runner.devices) == len(trained)
+    assert set(runner.devices) <= {"4", "6"} and None not in runner.devices and len(runner.devices) == len(trained)
     runner.args.jobs = 3
     with __import__("pytest").raises(SystemExit, match="--jobs 3: 2 visible GPU"):
         hz.run_part(runner, part)
