@@ -367,14 +367,34 @@ def _resume_or_start_over(out: Path, content: dict) -> Optional[dict]:
     return state
 
 
+def allocated_cpus() -> int:
+    """The cores this job may use, not the node's: Slurm's SLURM_CPUS_PER_TASK, else the process's CPU
+    affinity (a cgroup or taskset), else every core."""
+    slurm = os.environ.get("SLURM_CPUS_PER_TASK", "")
+    if slurm.isdigit() and int(slurm) > 0:
+        return int(slurm)
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
+def start_method() -> str:
+    """fork is fast, but not after CUDA or a process group is up in this process (train.py preparing its
+    data): a forked worker would inherit their threads and locks. Then spawn."""
+    torch = sys.modules.get("torch")
+    busy = torch is not None and ((torch.cuda.is_available() and torch.cuda.is_initialized())
+                                  or (torch.distributed.is_available() and torch.distributed.is_initialized()))
+    return "fork" if sys.platform.startswith("linux") and not busy else "spawn"
+
+
 class _Encoder:
     """Tokenizes batches of documents: in a process pool (data.num_workers > 1), else in-process."""
 
     def __init__(self, cfg: DataConfig):
-        self.n_workers = cfg.num_workers or os.cpu_count() or 1
+        self.n_workers = cfg.num_workers or allocated_cpus()
         self.pool = None
         if self.n_workers > 1:
-            ctx = mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
+            ctx = mp.get_context(start_method())
             self.pool = ctx.Pool(self.n_workers, initializer=_init_worker, initargs=(cfg.tokenizer,))
         else:
             _init_worker(cfg.tokenizer)

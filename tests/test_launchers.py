@@ -189,3 +189,17 @@ def test_make_table_best_over_a_key_no_run_has_is_refused(tmp_path, load_script)
     with pytest.raises(SystemExit, match=r"--best-over nokey.x: no run's config.yaml has that key"):
         make_table.main([str(tmp_path / "sw"), "--best-over", "nokey.x"])
     assert make_table.main([str(tmp_path / "sw"), "--best-over", "optim.lr"]) == 0
+
+
+def test_data_preparation_uses_the_jobs_cores_and_spawns_once_a_process_group_is_up(monkeypatch):
+    import torch
+
+    import data.prepare as prep
+    monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
+    assert prep.allocated_cpus() == 3                      # the allocation, not the node's cores
+    monkeypatch.delenv("SLURM_CPUS_PER_TASK")
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5})
+    assert prep.allocated_cpus() == 2
+    assert prep.start_method() == "fork"
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    assert prep.start_method() == "spawn"
