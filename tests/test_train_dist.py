@@ -53,6 +53,31 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path, model):
 
 
 @pytest.mark.slow
+def test_ddp_with_accumulation_on_every_rank_equals_one_process_and_resumes_exactly(tmp_path):
+    """2 ranks x accumulation 2 (no_sync on the first micro-step) against 1 process x accumulation 4; then a
+    DDP run stopped at step 2 and resumed to 3 against the straight DDP run."""
+    common = ["train.micro_batch_size=2", "train.batch_tokens=256"]  # block 32: 8 sequences per step
+    train(make_cfg(tmp_path / "one", "train.max_steps=3", *common))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py", *TINY,
+                *common]
+    p = run_cli([*torchrun, "train.max_steps=3", f"out_dir={tmp_path / 'two'}"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    one, two = ck.load_checkpoint(ck.find_latest(tmp_path / "one")), ck.load_checkpoint(ck.find_latest(tmp_path / "two"))
+    for k, v in one["model"].items():
+        torch.testing.assert_close(two["model"][k], v, rtol=0, atol=1e-5, msg=k)
+    run = [*torchrun, "train.max_steps=3", "train.ckpt_interval=1", "train.keep_last=5", f"out_dir={tmp_path / 'resumed'}"]
+    assert run_cli(run).returncode == 0
+    last = ck.find_latest(tmp_path / "resumed")
+    last.unlink()                                          # as if killed after the save of step 2
+    p = run_cli([*run, "train.resume=auto"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    resumed = ck.load_checkpoint(ck.find_latest(tmp_path / "resumed"))
+    assert resumed["step"] == 3
+    for k, v in two["model"].items():
+        assert torch.equal(resumed["model"][k], v), k      # bitwise: resume is exact under DDP too
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])   # SIGINT: Ctrl-C saves too (it was a traceback, no save)
 def test_sigterm_checkpoints_at_the_next_step_and_exits(tmp_path, sig):
     run = tmp_path / "run"

@@ -128,7 +128,10 @@ class Trainer:
         self.ddp = None
         if self.dist.enabled:
             from torch.nn.parallel import DistributedDataParallel as DDP
-            self.ddp = DDP(self.fwd_model, device_ids=[self.dist.local_rank] if self.device.type == "cuda" else None)
+            # gradient_as_bucket_view: the grads are views into DDP's all-reduce buckets, not a second copy
+            # (~2.6 GB saved at 1.3B parameters in fp16 buckets, more in fp32)
+            self.ddp = DDP(self.fwd_model, device_ids=[self.dist.local_rank] if self.device.type == "cuda" else None,
+                           gradient_as_bucket_view=True)
         self.train_model = faults.wrap_training_forward(self.ddp or self.fwd_model, self.train_cfg,
                                                         step_being_made=lambda: self.step + 1)
         self._flag_group = distributed.new_cpu_group() if self.dist.enabled else None
