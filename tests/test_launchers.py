@@ -192,8 +192,6 @@ def test_make_table_best_over_a_key_no_run_has_is_refused(tmp_path, load_script)
 
 
 def test_data_preparation_uses_the_jobs_cores_and_spawns_once_a_process_group_is_up(monkeypatch):
-    import torch
-
     import data.prepare as prep
     monkeypatch.setenv("SLURM_CPUS_PER_TASK", "3")
     assert prep.allocated_cpus() == 3                      # the allocation, not the node's cores
@@ -201,5 +199,5 @@ def test_data_preparation_uses_the_jobs_cores_and_spawns_once_a_process_group_is
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 5})
     assert prep.allocated_cpus() == 2
     assert prep.start_method() == "fork"
-    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
     assert prep.start_method() == "spawn"
