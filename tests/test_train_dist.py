@@ -168,7 +168,7 @@ def test_ddp_sigterm_is_acted_on_within_two_steps(tmp_path):
     m = re.findall(r"received at step (\d+): checkpoint saved at step (\d+)", out)
     assert len(m) == 1, out[-3000:]  # printed once, by rank 0
     got, saved = map(int, m[0])
-    assert 5 <= got < saved <= got + 2, (got, saved)
+    assert 5 <= got <= saved <= got + 2, (got, saved)  # the step it came in, or one or two later
     assert ck.load_checkpoint(ck.find_latest(run))["step"] == saved
     assert records(run)[-1] == {**records(run)[-1], "kind": "train", "step": saved}  # logged, then saved
 

@@ -276,7 +276,7 @@ class Trainer:
         throughput and MFU are null when no step was timed."""
         W, bt = self.dist.world_size, self.train_cfg.batch_tokens
         loss_mean = distributed.all_reduce_(self.loss_buf[:n].clone(), "sum") / W
-        flag = torch.tensor([1.0 if self.stop.received else 0.0], device=self.device)
+        flag = torch.tensor([self.stop.log_flag()], device=self.device)
         mx = distributed.all_reduce_(torch.cat([self.loss_buf[:n], flag]), "max")  # loss maxima and any rank's signal
         h = read_host(loss=loss_mean, loss_max=mx[:n], flag=mx[n:], grad_norm=self.gn_buf[:n], skipped=self.skipped,
                       consec=self.consec, lr=self.opt.lr)  # the one host sync of the interval
@@ -284,7 +284,7 @@ class Trainer:
             if self.dist.is_main:
                 self.emit(spike)
         rec = train_record(s, bt, h, elapsed, timed, W, self.flops_per_token, self.peak, self.spikes.counts())
-        signal_seen, consec = h["flag"][0] > 0, int(h["consec"][0])
+        signal_seen, consec = self.stop.adopt_log_flag(h["flag"][0]), int(h["consec"][0])
         if self.compile_s is not None:  # once, in the first record after the compiling step
             rec["compile_s"], self.compile_s = self.compile_s, None
         if self.dist.is_main:

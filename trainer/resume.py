@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import logging
+import math
 import os
 import shutil
 import signal
@@ -311,6 +312,19 @@ class StopSignal:
             self._flag = torch.tensor(self._BASE - self.step if self.step is not None else 0.0, dtype=torch.float64)
             self._work = distributed.all_reduce_async(self._flag, "max", group)
         return seen
+
+    def log_flag(self) -> float:
+        """This rank's signal for the logging step's max all-reduce (float32, beside the loss maxima):
+        minus the signalled step, so the max names the earliest one; -inf for none."""
+        return -float(self.step) if self.step is not None else float("-inf")
+
+    def adopt_log_flag(self, v: float) -> bool:
+        """Whether the reduced `log_flag` says some rank was signalled; if so, agree on its step (a rank
+        that saw no signal still reports the step at which another rank got one)."""
+        if not math.isfinite(v):
+            return False
+        self.step = int(-v)
+        return True
 
     def uninstall(self) -> None:
         if self._work is not None:
