@@ -39,7 +39,9 @@ def register_code_configs(config_dir: Path = CONFIG_DIR, from_cache: bool = Fals
     from omegaconf import OmegaConf
 
     from .cli_cache import cached
+    from .run_name import register_resolver
 
+    register_resolver()
     groups, variants = cached("schema", _schema) if from_cache else _schema()
     schema = OmegaConf.create(groups)  # closed keys (a typo fails here), untyped values (`check` types them)
     for group in groups:
