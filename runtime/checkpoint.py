@@ -100,6 +100,21 @@ _NUMPY_RNG_GLOBALS = [_reconstruct, *((_reconstruct, f"numpy.{m}.multiarray._rec
                       np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
+def _failed_record(path: Path) -> Optional[str]:
+    """The first record of the checkpoint's zip archive whose data does not match its CRC-32, as a phrase;
+    None if all match (or the file is no zip: load_checkpoint reports that). torch.save writes a CRC-32 per
+    tensor record but torch.load never checks it, so a flipped bit in the weights would load silently.
+    Reading the file once costs ~1 s per 2 GB, small beside the training that wrote it."""
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError):
+        return None
+    except Exception as e:  # zlib/struct errors inside a damaged record
+        return f"unreadable record: {type(e).__name__}"
+    return f"record {bad}: CRC-32 mismatch" if bad else None
+
+
 def load_checkpoint(path: Union[str, Path]) -> dict:
     """Load and check a checkpoint; CheckpointError naming the file if it is corrupt or not ours."""
     path = Path(path)
@@ -110,6 +125,11 @@ def load_checkpoint(path: Union[str, Path]) -> dict:
         # ckpt_*.pt that is not one was cut short, and gets the corrupt-file advice below
         raise CheckpointError(f"{path} is not a nanonorm checkpoint (not a torch.save zip archive); "
                               f"give a run dir or a ckpt_*.pt file written by train.py")
+    damaged = _failed_record(path)
+    if damaged:
+        raise CheckpointError(f"checkpoint {path} fails its checksum ({damaged}): the file is damaged; "
+                              + ("delete it to resume from the previous one" if _NAME.match(path.name) else
+                                 "copy it again from where it came from"))
     try:
         ckpt = _torch_load(path)
     except Exception as e:  # truncated zip, pickle garbage, a foreign object, a data file given by mistake, ...
@@ -157,6 +177,24 @@ def resolve_checkpoint(path_or_run_dir: Union[str, Path], key: Optional[str] = N
     return p
 
 
+def load_weights(model, state_dict: dict, path: Path, against: str) -> None:
+    """model.load_state_dict, with a mismatch named by its first keys (torch's first line names none)."""
+    sd = strip_prefixes(state_dict)
+    own = model.state_dict()
+    missing, unexpected = [k for k in own if k not in sd], [k for k in sd if k not in own]
+    shapes = [f"{k} {tuple(sd[k].shape)} vs {tuple(v.shape)}" for k, v in own.items()
+              if k in sd and tuple(sd[k].shape) != tuple(v.shape)]
+
+    def some(keys):
+        return ", ".join(keys[:3]) + (f" and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+    why = "; ".join(f"{what}: {some(keys)}" for what, keys in
+                    (("missing", missing), ("unexpected", unexpected), ("shape (checkpoint vs model)", shapes)) if keys)
+    if why:
+        raise CheckpointError(f"checkpoint {path}: weights do not match {against} ({why})")
+    model.load_state_dict(sd)
+
+
 def load_model(path_or_run_dir: Union[str, Path], device="cpu"):
     """(model in eval mode on `device`, checkpoint dict without the optimizer state) from a ckpt file or
     a run dir's newest one. Only the weights are read from the file (see _torch_load)."""
@@ -165,10 +203,7 @@ def load_model(path_or_run_dir: Union[str, Path], device="cpu"):
     p = resolve_checkpoint(path_or_run_dir)
     ckpt = load_checkpoint(p)
     model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
-    try:
-        model.load_state_dict(strip_prefixes(ckpt["model"]))
-    except RuntimeError as e:
-        raise CheckpointError(f"checkpoint {p}: weights do not match its model_config: {str(e).splitlines()[0]}") from None
+    load_weights(model, ckpt["model"], p, "its model_config")
     ckpt.pop("optimizer", None)  # mapped, never read: inference needs the weights only
     return model.to(device).eval(), ckpt
 

@@ -250,6 +250,47 @@ def test_run_dir_checkpoints_keep_last_and_errors(tmp_path):
         ck.load_checkpoint(tmp_path / "other.pt")
 
 
+def _flip_a_weight_bit(path):
+    """Flip one bit inside the data of the checkpoint's largest tensor record (not in a header or padding)."""
+    import struct
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        info = max(z.infolist(), key=lambda i: i.file_size)
+    b = bytearray(path.read_bytes())
+    name_len, extra_len = struct.unpack("<HH", b[info.header_offset + 26:info.header_offset + 30])
+    b[info.header_offset + 30 + name_len + extra_len + info.file_size // 2] ^= 0x10
+    path.write_bytes(bytes(b))
+
+
+def test_resume_and_load_refuse_a_damaged_or_foreign_checkpoint_by_name(tmp_path, monkeypatch):
+    import data
+
+    train(make_cfg(tmp_path, "train.max_steps=2", "train.ckpt_interval=1", "train.keep_last=2"))
+    # Another variant is named by norm.name, not by the first of its options that differs.
+    with pytest.raises(ck.CheckpointError, match=r"model_config\.norm\.name is 'pre_ln' in the checkpoint but 'geonorm'"):
+        train(make_cfg(tmp_path, "train.max_steps=4", "train.resume=auto", "norm=geonorm"))
+    # Another tokenizer is refused before its data is prepared (which can take hours).
+    monkeypatch.setattr(data, "prepare_dataset", lambda cfg: pytest.fail("prepared before the check"))
+    with pytest.raises(ck.CheckpointError, match=r"tokenizer 'bytes' in the checkpoint but 'gpt2' now"):
+        train(make_cfg(tmp_path, "train.max_steps=4", "train.resume=auto", "data.tokenizer=gpt2"))
+    monkeypatch.undo()
+    # A state dict without one of the model's keys names it.
+    latest = ck.find_latest(tmp_path)
+    state = ck.load_checkpoint(latest)
+    state = {**state, "model": {k: v.clone() for k, v in state["model"].items() if k != "lm_head.weight"}}
+    torch.save(state, tmp_path / "partial.pt")
+    with pytest.raises(ck.CheckpointError, match=r"partial\.pt: weights do not match its model_config \(missing: lm_head\.weight\)"):
+        ck.load_model(tmp_path / "partial.pt")
+    # A flipped bit in the weights fails the checksum, for resume and for eval/sample alike.
+    _flip_a_weight_bit(latest)
+    with pytest.raises(ck.CheckpointError, match=r"ckpt_00000002\.pt fails its checksum \(record .*CRC-32 mismatch\).*delete it"):
+        train(make_cfg(tmp_path, "train.max_steps=4", "train.resume=auto"))
+    with pytest.raises(ck.CheckpointError, match="fails its checksum"):
+        ck.load_model(latest)
+    ck.load_model(ck.ckpt_path(tmp_path, 1))  # the previous one is intact
+
+
 def test_sigusr1_and_sigterm_only_set_a_flag():
     import signal
     stop = resume.StopSignal().install()

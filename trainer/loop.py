@@ -46,16 +46,18 @@ class Trainer:
         if not self.dist.is_main:  # every rank runs the same code: its warnings would repeat rank 0's
             log.setLevel(logging.ERROR)
         self._configure_torch()
-        self._prepare_data()
         # Rank 0's resolution of out_dir is the run dir for everyone (robust even to ${now:} in run_name).
         self.run_dir = Path(distributed.broadcast_object(str(self.rc.out_dir)))
         resume_path = self._resolve_resume()
+        # before preparing data (hours, for a new tokenizer): a checkpoint of another model or tokenizer is refused now
+        resume_ckpt = resume.load_compatible(resume_path, self.rc.model, self.rc.data.tokenizer) if resume_path else None
+        self._prepare_data()
         self._build_model_and_optimizer()
         self.loader, self.val = run_data.loaders(self.data_dir, self.train_cfg, self.mcfg.block_size, self.accum,
                                                  self.dist)
         self._init_run_state()
         # a resume loads the run's state (trainer/resume.py) and says whether the config differs from its
-        config_changed = resume.restore(self, resume_path) if resume_path is not None else False
+        config_changed = resume.restore(self, resume_path, resume_ckpt) if resume_path is not None else False
         self.branched = resume_path is not None and self.run_dir.resolve() not in resume_path.resolve().parents
         if self.branched:  # another run's checkpoint (a cooldown branch): a run of its own from that step
             self.wandb_run_id, self.train_s_before, config_changed = None, 0.0, False

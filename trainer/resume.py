@@ -144,16 +144,18 @@ def check_compatible(path: Path, ckpt: dict, model_config: dict, tokenizer: str)
         saved = flatten(GPTConfig.from_dict(ckpt["model_config"]).to_dict())  # older flat configs in today's form
     except UserError as e:
         raise CheckpointError(f"checkpoint {path} has a bad model_config: {e}") from None
+    if ckpt["tokenizer"] != tokenizer:  # first: it also changes the vocabulary size
+        raise CheckpointError(f"checkpoint {path} is incompatible with this run: tokenizer "
+                              f"{ckpt['tokenizer']!r} in the checkpoint but {tokenizer!r} now")
     model_config = flatten(model_config)
-    diff = [k for k in sorted(set(saved) | set(model_config)) if saved.get(k) != model_config.get(k)]
+    # a changed variant is named as such (norm.name), not by the first of its options that differs
+    diff = sorted((k for k in set(saved) | set(model_config) if saved.get(k) != model_config.get(k)),
+                  key=lambda k: (not k.endswith("name"), k))
     if diff:
         k = diff[0]
         raise CheckpointError(f"checkpoint {path} is incompatible with this run: model_config.{k} is "
                               f"{saved.get(k)!r} in the checkpoint but {model_config.get(k)!r} now"
                               + (f" (and {len(diff) - 1} more field(s))" if len(diff) > 1 else ""))
-    if ckpt["tokenizer"] != tokenizer:
-        raise CheckpointError(f"checkpoint {path} is incompatible with this run: tokenizer "
-                              f"{ckpt['tokenizer']!r} in the checkpoint but {tokenizer!r} now")
 
 
 class RunDirLock:
@@ -366,20 +368,30 @@ def state(tr, rng_per_rank: list) -> dict:
     }
 
 
-def restore(tr, path: Path) -> bool:
-    """Continue trainer `tr` from checkpoint `path`: check that it is the same model, warn about (or
-    refuse) config changes, load every part of `state`. Returns whether the config changed."""
-
+def load_compatible(path: Path, model_config, tokenizer: str) -> dict:
+    """The checkpoint at `path`, loaded (memory-mapped) and checked to be of this model and tokenizer."""
     from runtime import checkpoint
 
     ckpt = checkpoint.load_checkpoint(path)
-    check_compatible(path, ckpt, tr.mcfg.to_dict(), tr.tokenizer_name)
+    check_compatible(path, ckpt, model_config.to_dict(), tokenizer)
+    return ckpt
+
+
+def restore(tr, path: Path, ckpt: Optional[dict] = None) -> bool:
+    """Continue trainer `tr` from checkpoint `path` (`ckpt`: as load_compatible returned it): check that it
+    is the same model, warn about (or refuse) config changes, load every part of `state`. Returns whether
+    the config changed."""
+
+    from runtime import checkpoint
+
+    if ckpt is None:
+        ckpt = load_compatible(path, tr.mcfg, tr.tokenizer_name)
     config_changed = check_config_changes(path, tr.rc.composed, ckpt.get("config") or {}, tr.train_cfg.resume_force)
+    checkpoint.load_weights(tr.model, ckpt["model"], path, "this model")
     try:
-        tr.model.load_state_dict(checkpoint.strip_prefixes(ckpt["model"]))
         tr.opt.load_state_dict(ckpt["optimizer"])  # and its groups' LR tensors and settings again
     except (RuntimeError, ValueError, KeyError) as e:
-        raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this model/optimizer: {str(e).splitlines()[0]}") from None
+        raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this optimizer: {str(e).splitlines()[0]}") from None
     s = ckpt["scheduler"]
     tr.updates.fill_(s["updates"])
     tr.skipped.fill_(s["skipped_total"])
