@@ -7,8 +7,9 @@ The model is rebuilt from the config stored in the checkpoint. The prompt must f
 context (block_size); when prompt plus new tokens exceed it, generation continues on a cropped window
 as nanoGPT does (see model/generate.py), and says so: with the default --crop-keep (the whole window)
 every token past the context is a full forward pass of block_size tokens instead of one cached step.
-A long generation (over PROGRESS_FROM tokens, or past the context) prints its progress on stderr. An
-empty prompt starts a new document (end-of-text token).
+A long generation (over PROGRESS_FROM tokens, or past the context) prints its progress on stderr; many
+samples come in batches of --batch-size, each printed when done, with the count so far. An empty prompt
+starts a new document (end-of-text token).
 """
 from __future__ import annotations
 
@@ -29,6 +30,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     src.add_argument("--prompt", default="", help="prompt text (default: empty = start of a document)")
     src.add_argument("--prompt-file", default=None, help="read the prompt from this file")
     p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=16,
+                   help="samples generated together; more samples come in batches, each printed when done")
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
@@ -59,6 +62,8 @@ def sample(args) -> int:
 
     if args.num_samples < 1:
         raise ConfigError(f"--num-samples={args.num_samples}: must be >= 1")
+    if args.batch_size < 1:
+        raise ConfigError(f"--batch-size={args.batch_size}: must be >= 1")
     if args.threads is not None and args.threads < 1:
         raise ConfigError(f"--threads={args.threads}: must be >= 1")
     if precision_name(args.dtype) is None:
@@ -92,7 +97,6 @@ def _sample(args, prompt: str, ckpt_path, rt) -> int:
     block_size = model.config.block_size
     # validate before any work, with the prompt's length in tokens in the message
     check_generate_args(block_size, len(ids), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.crop_keep)
-    idx = torch.tensor([ids] * args.num_samples, dtype=torch.long, device=rt.device)
     gen = torch.Generator(device=rt.device).manual_seed(args.seed)
     past = len(ids) + args.max_new_tokens - block_size
     if past > 0:
@@ -103,19 +107,27 @@ def _sample(args, prompt: str, ckpt_path, rt) -> int:
               f"forward pass each time; a smaller --crop-keep re-encodes less often, with less context)",
               file=sys.stderr)
     t0 = time.perf_counter()
-    progress = _progress(args.max_new_tokens, t0) if args.max_new_tokens >= PROGRESS_FROM or past > 0 else None
-    with rt.autocast():
-        out = generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                       top_p=args.top_p, generator=gen, use_cache=not args.no_cache, crop_keep=args.crop_keep,
-                       vocab_size=tok.vocab_size, cache_dtype=rt.cache_dtype, stop=progress)
-    if rt.device.type == "cuda":
-        torch.cuda.synchronize()
+    long = args.max_new_tokens >= PROGRESS_FROM or past > 0
+    done, n_new = 0, 0
+    while done < args.num_samples:  # in batches: memory stays that of one, and each is printed when done
+        n = min(args.batch_size, args.num_samples - done)
+        idx = torch.tensor([ids] * n, dtype=torch.long, device=rt.device)
+        progress = _progress(args.max_new_tokens, time.perf_counter()) if long else None
+        with rt.autocast():
+            out = generate(model, idx, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                           top_p=args.top_p, generator=gen, use_cache=not args.no_cache, crop_keep=args.crop_keep,
+                           vocab_size=tok.vocab_size, cache_dtype=rt.cache_dtype, stop=progress)
+        for row in out.tolist():  # the host copy waits for the device
+            if done:
+                print("-" * 40)
+            print(tok.decode(row if prompt else row[1:]), flush=True)
+            done += 1
+        n_new = out.size(1) - idx.size(1)
+        if done < args.num_samples:
+            rate = done / max(time.perf_counter() - t0, 1e-9)
+            print(f"sample: {done}/{args.num_samples} samples ({rate:.2f} samples/s, "
+                  f"{(args.num_samples - done) / rate:.0f}s left)", file=sys.stderr, flush=True)
     dt = time.perf_counter() - t0
-    for i, row in enumerate(out.tolist()):
-        if i:
-            print("-" * 40)
-        print(tok.decode(row if prompt else row[1:]))
-    n_new = out.size(1) - idx.size(1)
     print(f"sample: {args.num_samples} x {n_new} new tokens in {dt:.2f}s "
           f"({args.num_samples * n_new / max(dt, 1e-9):.1f} tokens/s, {'no cache' if args.no_cache else 'KV cache'}, "
           f"{rt.device}" + (f", {torch.get_num_threads()} threads" if rt.device.type == "cpu" else "")

@@ -350,7 +350,12 @@ def _ds_stream(cfg: DataConfig, ds, label: str, split: str | None, info: dict) -
         d = ds.skip(skip) if skip else ds
         try:  # streaming reads lazily: a bad record further in fails here, not when opening
             for b in d.iter(batch_size=1024):
-                yield [t if isinstance(t, str) else ("" if t is None else str(t)) for t in b[col]]
+                texts = b[col]
+                bad = next((t for t in texts if t is not None and not isinstance(t, str)), None)
+                if bad is not None:  # a JSON array of numbers reads as a `text` column of numbers: not text
+                    raise DataError(f"{label}: column {col!r} holds {type(bad).__name__} values ({bad!r}), not "
+                                    f"text; give files whose data.text_column={col!r} holds strings")
+                yield [t or "" for t in texts]
         except _unreadable_types() as e:
             raise _unreadable(label, e) from None
         except ConnectionError as e:  # a stream from the hub that loses the network part-way

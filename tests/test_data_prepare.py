@@ -488,6 +488,20 @@ def test_unreadable_files_are_one_line_and_leave_no_directory(tmp_path, capsys, 
     assert not (tmp_path / "cache" / "bad-bytes").exists()
 
 
+@pytest.mark.parametrize("name, content, kind", [("nums.json", "[1, 2, 3, 4]", "int"),
+                                                 ("nums.jsonl", '{"text": "a"}\n{"text": 6.5}\n', "float")])
+def test_numbers_where_text_belongs_are_refused_not_trained_on(tmp_path, capsys, name, content, kind):
+    from data.prepare import main
+
+    (tmp_path / name).write_text(content)
+    with pytest.raises(SystemExit) as e:
+        main(["data=local", "data.name=nums", "data.tokenizer=bytes", f"data.files={tmp_path / name}",
+              f"data.root={tmp_path / 'cache'}", "data.num_workers=1"])
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and name in last and f"column 'text' holds {kind} values" in last, last
+    assert not (tmp_path / "cache" / "nums-bytes").exists()
+
+
 def test_verify_ends_with_a_line_that_every_sha256_matched(tmp_path, capsys):
     from data.prepare import main
 

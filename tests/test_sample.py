@@ -104,6 +104,19 @@ def test_sample_cli(tmp_path, capsys):
     assert rc == 0 and out.startswith("From a file")
 
 
+def test_many_samples_come_in_batches_with_progress_and_equal_one_batch_when_few(tmp_path, capsys):
+    ckpt = save_ckpt(tmp_path / "ckpt.pt", tiny_model(seed=5))
+    args = [ckpt, "--prompt", "Hi", "--num-samples", "5", "--max-new-tokens", "6", "--seed", "3"]
+    rc, out_one, err = run_sample(capsys, *args)  # 5 <= the default batch of 16: one batch, no progress
+    assert rc == 0 and "samples (" not in err and out_one.count("-" * 40) == 4
+    rc, out, err = run_sample(capsys, *args, "--batch-size", "2")
+    assert rc == 0 and out.count("-" * 40) == 4
+    assert [line.split()[1] for line in err.splitlines() if " samples (" in line] == ["2/5", "4/5"]
+    assert "s left)" in err
+    rc, _, err = run_sample(capsys, ckpt, "--batch-size", "0")
+    assert rc == 2 and "--batch-size=0: must be >= 1" in err
+
+
 def test_sample_cli_errors(tmp_path, capsys):
     ckpt = save_ckpt(tmp_path / "ckpt.pt", tiny_model())
     for argv, needle in [((ckpt, "--prompt", "x" * (BLOCK + 3)), "prompt is 19 tokens, longer than the model's context (block_size=16)"),
