@@ -2,7 +2,7 @@
 
     python scripts/step_scale.py                                   # the default cells, tiny model, pydocs
     python scripts/step_scale.py --cell pre_ln=norm=pre_ln --cell a32=norm=proj_spheret,norm.alpha_init=32
-    python scripts/step_scale.py --lr 1e-3 -- model=gpt_125m data.tokenizer=gpt2 --random   # any size, no data
+    python scripts/step_scale.py --lr 1e-3 --random -- model=gpt_125m data.tokenizer=gpt2   # any size, no data
 
 For each cell (a label and its Hydra overrides, on top of the common overrides after `--`): build the
 model as train.py would (same seed, init, optimizer and parameter groups), measure on one fixed batch
@@ -46,6 +46,18 @@ def compose(overrides: list[str]):
         return hydra_compose("config", overrides=overrides)
 
 
+LOGITS_BUDGET = 1 << 30  # bytes of fp32 logits one measurement may hold; geometry and the step hold a few times it
+
+
+def measured_batch(micro: int, block: int, vocab: int, asked: int | None = None) -> int:
+    """Sequences in the measured batch: `asked` (--batch), else the config's micro-batch, capped so that its
+    fp32 logits fit in LOGITS_BUDGET (gpt_125m's 16 x 1024 x 50,304 would be 3.3 GB, and the step several
+    times that: out of memory on a 24 GB machine)."""
+    if asked is not None:
+        return asked
+    return max(1, min(micro, LOGITS_BUDGET // (4 * block * vocab)))
+
+
 def batch_for(cfg, random_batch: bool, micro: int, block: int):
     """(x, y, vocab_size): the first training batch of the config's data, or random tokens."""
     import torch
@@ -64,7 +76,7 @@ def batch_for(cfg, random_batch: bool, micro: int, block: int):
     return x, y, tok.vocab_size
 
 
-def measure(overrides: list[str], lr: float | None, random_batch: bool) -> dict:
+def measure(overrides: list[str], lr: float | None, random_batch: bool, batch: int | None = None) -> dict:
     import torch
 
     from model import GPT, GPTConfig
@@ -76,7 +88,10 @@ def measure(overrides: list[str], lr: float | None, random_batch: bool) -> dict:
     cfg = compose(overrides)
     rc = parse_run_config(cfg)
     block = int(cfg.model.block_size)
-    x, y, vocab = batch_for(cfg, random_batch, rc.train.micro_batch_size, block)
+    import data as data_mod
+
+    vocab = data_mod.get_tokenizer(cfg.data.tokenizer).vocab_size
+    x, y, vocab = batch_for(cfg, random_batch, measured_batch(rc.train.micro_batch_size, block, vocab, batch), block)
     mcfg = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=vocab)
     seed_all(rc.train.seed)
     model = GPT(mcfg)
@@ -96,7 +111,7 @@ def measure(overrides: list[str], lr: float | None, random_batch: bool) -> dict:
     model.after_optimizer_step(torch.ones((), dtype=torch.bool))
     with torch.no_grad():
         after, loss1 = model(x, y)
-    return {"params": model.num_params(), "lr": peak, "angle_mean": statistics.fmean(angles),
+    return {"params": model.num_params(), "lr": peak, "batch": tuple(x.shape), "angle_mean": statistics.fmean(angles),
             "angle_min": min(angles), "angle_max": max(angles),
             "rel_update": statistics.fmean(geo[f"geo/rel_update/{j}"] for j in range(n)),
             "f_ratio": statistics.fmean(geo[f"geo/f_ratio/{j}"] for j in range(n)),
@@ -121,11 +136,15 @@ def main(argv=None) -> int:
                     help="a cell: label=key=value,key=value (repeatable); default: " + ", ".join(DEFAULT_CELLS))
     ap.add_argument("--lr", type=float, help="the step's lr (default: optim.lr of the config)")
     ap.add_argument("--random", action="store_true", help="uniform random tokens instead of the first training batch")
+    ap.add_argument("--batch", type=int, help="sequences measured (default: train.micro_batch_size, capped so that "
+                                              "the logits stay under 1 GiB)")
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     args = ap.parse_args(argv[:cut])
     if args.lr is not None and not 0 < args.lr < float("inf"):
         raise SystemExit(f"bad --lr {args.lr}: must be a finite number > 0")
+    if args.batch is not None and args.batch < 1:
+        raise SystemExit(f"bad --batch {args.batch}: must be >= 1")
     common = argv[cut + 1:] or ["experiment=fidelity"]
     cells = DEFAULT_CELLS
     if args.cell:
@@ -140,11 +159,13 @@ def main(argv=None) -> int:
     results = {}
     for label, ovr in cells.items():
         try:
-            results[label] = measure([*common, *ovr.split(",")], args.lr, args.random)
+            results[label] = measure([*common, *ovr.split(",")], args.lr, args.random, args.batch)
         except UserError as e:
             raise SystemExit(f"cell {label}: {e}") from None
         print(f"# {label}: done", file=sys.stderr, flush=True)
-    print(f"common overrides: {' '.join(common)}")
+    shapes = sorted({r["batch"] for r in results.values()})
+    print(f"common overrides: {' '.join(common)}; measured batch (sequences x tokens): "
+          + ", ".join(f"{b} x {t}" for b, t in shapes))
     print(table(results))
     return 0
 

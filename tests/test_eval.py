@@ -467,3 +467,21 @@ def test_an_unknown_task_is_one_line_in_seconds_before_the_model_loads(tmp_path,
     write_task(tmp_path)  # a task of one's own under --include-path counts as known
     from evaluation.harness import unknown_tasks
     assert unknown_tasks(["toy_mc", "arc_easy"], include_path=tmp_path) == {}
+
+
+def test_eval_at_the_runs_eval_tokens_is_the_training_validation_loss(tmp_path, capsys):
+    """The README's claim: the default stride at --token-budget = train.eval_tokens measures what training's
+    validation pass measured; the default budget (the whole split) scores more and differs."""
+    from helpers import make_cfg, records
+    from trainer.loop import train
+
+    run = tmp_path / "run"
+    train(make_cfg(run, "train.max_steps=3"))
+    val = records(run, "eval")[-1]["val_loss"]
+    rc, _, err = run_eval(capsys, run, "--tasks", "none", "--token-budget", "512")
+    assert rc == 0, err
+    res = json.loads((run / "eval" / "eval_00000003.json").read_text())["perplexity"]
+    assert res["tokens"] == 512 and res["loss"] == pytest.approx(val, rel=1e-6, abs=1e-6)
+    rc, _, err = run_eval(capsys, run, "--tasks", "none")
+    whole = json.loads((run / "eval" / "eval_00000003.json").read_text())["perplexity"]
+    assert rc == 0 and whole["tokens"] > 512 and whole["loss"] != pytest.approx(val, rel=1e-6)
