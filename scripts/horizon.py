@@ -92,6 +92,7 @@ def collect(root: Path, part: dict, published: Path | None = None) -> list:
             continue
         point, res = read_json(p), read_json(h)
         by_steps = {int(k): v for k, v in res["horizons"].items()}
+        longest = max(point["horizons"].values())
         for tpp, steps in point["horizons"].items():
             if steps in by_steps:
                 r = by_steps[steps]
@@ -99,6 +100,8 @@ def collect(root: Path, part: dict, published: Path | None = None) -> list:
                              "tpp": float(tpp), "steps": steps, "tokens": r["tokens"], "val_loss": r["final_val_loss"],
                              "diverged": r["diverged"] or not _finite(r["final_val_loss"]), "train_s": r["train_s"],
                              "trunk": str(p.parent)})
+                if steps == longest and (p.parent / "trunk").is_dir():  # published with the row: run dirs go
+                    rows[-1]["scalars"] = runlib.scalar_movement(runlib.load_run(p.parent / "trunk").stats)
     if published is not None and published.is_file():
         here = {(r["cell"], r["lr"], r["mult"], r["seed"]) for r in rows}
         for line in published.read_text().splitlines():
@@ -374,11 +377,14 @@ def scalar_table(study, part: dict, rows: list, res: dict) -> list:
            "| cell | setting (lr, lr_mult) | kind: first -> last (largest change), mean over seeds |", "|---|---|---|"]
     any_row = False
     for c, e in res.get(t, {}).items():
-        trunks = sorted({r["trunk"] for r in rows if r["cell"] == c and (r["lr"], r["mult"]) == e["setting"]})
-        moves = [runlib.scalar_movement(runlib.load_run(Path(p) / "trunk").stats) for p in trunks
-                 if (Path(p) / "trunk").is_dir()]  # published rows alone carry no stats
-        moves = [m for m in moves if m]
+        # each trunk's movement, as its longest horizon's row carries it (also in the published results)
+        at = [r for r in rows if r["cell"] == c and (r["lr"], r["mult"]) == e["setting"] and r["tpp"] == t]
+        moves = [r["scalars"] for r in at if r.get("scalars")]
         if not moves:
+            if any("scalars" not in r for r in at):  # rows published before the movement was
+                out.append(f"| {c} | {e['setting'][0]:g}, {e['setting'][1]:g} | not recorded (its run dirs were "
+                           "not kept) |")
+                any_row = True
             continue
         any_row = True
         kinds = sorted(set.intersection(*(set(m) for m in moves)))
