@@ -27,6 +27,7 @@ class DataConfig:
     cache_dir: Optional[str] = None   # datasets cache (HF_DATASETS_CACHE if null)
     files: Union[str, list, None] = None      # local: glob or list of globs of .txt / .jsonl / .json / .parquet
     val_files: Union[str, list, None] = None  # local: own validation files; null: hold out val_fraction
+    pile_set_name: Optional[str] = None  # local Pile-format jsonl(.zst): keep records whose meta.pile_set_name is this
     txt_sample_by: Literal["document", "paragraph", "line"] = "document"  # .txt: one document per file, per blank-line paragraph, or per line
     val_fraction: Annotated[float, Range(0, 1, "[)")] = 0.0005  # held-out fraction of DOCUMENTS (when there is no val split)
     val_min_tokens: NonNegInt = 8192  # held-out val is topped up to this many tokens from the corpus's end

@@ -256,6 +256,17 @@ def _pysrc_source(cfg: DataConfig) -> list[Stream]:
 
 # ------------------------------------------------------------------------------------------- datasets
 _BUILDERS = {".txt": "text", ".text": "text", ".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+# Compressed text files are read through datasets' own decompression (.zst with the zstandard package):
+# the Pile's shards are .jsonl.zst.
+_COMPRESSIONS = (".zst", ".gz", ".bz2", ".xz")
+
+
+def _extension(path: str) -> str:
+    """The format's extension of a file, under a compression suffix: "x.jsonl.zst" -> ".jsonl"."""
+    stem, ext = os.path.splitext(path)
+    if ext.lower() in _COMPRESSIONS:
+        stem, ext = os.path.splitext(stem)
+    return ext.lower()
 
 
 def resolve_files(key: str, patterns: list[str]) -> list[str]:
@@ -270,10 +281,11 @@ def resolve_files(key: str, patterns: list[str]) -> list[str]:
 
 
 def _builder_for(key: str, files: list[str]) -> str:
-    exts = sorted({os.path.splitext(f)[1].lower() for f in files})
+    exts = sorted({_extension(f) for f in files})
     for e in exts:
         if e not in _BUILDERS:
-            raise DataError(f"data.{key}: unsupported file type {e!r}; valid: {', '.join(_BUILDERS)}")
+            raise DataError(f"data.{key}: unsupported file type {e!r}; valid: {', '.join(_BUILDERS)}, each "
+                            f"optionally compressed ({', '.join(_COMPRESSIONS)})")
     builders = {_BUILDERS[e] for e in exts}
     if len(builders) > 1:
         raise DataError(f"data.{key}: mixes file types {exts}; use one format per dataset")
@@ -394,8 +406,24 @@ def _local_streams(cfg: DataConfig) -> list[Stream]:
                 "files": [{"path": f, "bytes": os.path.getsize(f)} for f in files[split]]}
         label = f"{builder} files {cfg.files if split == 'train' else cfg.val_files}"
         ds = _load(cfg, builder, split, label, data_files=files, **kw)
+        if cfg.pile_set_name:
+            ds = _pile_subset(ds, cfg.pile_set_name, label)
+            info["pile_set_name"] = cfg.pile_set_name
         streams.append(_ds_stream(cfg, ds, label, out_split, info))
     return streams
+
+
+def _pile_subset(ds, name: str, label: str):
+    """The records of Pile-format files ({"text": ..., "meta": {"pile_set_name": ...}}) from one subset, so
+    that data.files can point at a full Pile mirror's mixed shards."""
+    try:
+        cols = _columns(ds)
+    except _unreadable_types() as e:
+        raise _unreadable(label, e) from None
+    if "meta" not in cols:
+        raise DataError(f"data.pile_set_name={name!r}: {label} has no 'meta' column (columns: {', '.join(cols)}); "
+                        "Pile-format records are {\"text\": ..., \"meta\": {\"pile_set_name\": ...}}")
+    return ds.filter(lambda m: isinstance(m, dict) and m.get("pile_set_name") == name, input_columns=["meta"])
 
 
 @SOURCES.register("pydocs")

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers import unregister
+from helpers import REPO, unregister
 
 from common import UserError
 from data import DataError, TrainLoader, ValLoader, get_tokenizer, prepare_dataset
@@ -526,3 +526,55 @@ def test_prepare_cli_reports_a_bad_group_option_or_override_as_one_line(capsys):
             main(argv)
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.startswith(message) and err.count("\n") == 1, err
+
+
+def test_pile_jsonl_zst_shards_are_read_and_filtered_by_pile_set_name(tmp_path):
+    """A full Pile mirror's mixed .jsonl.zst shards: data=pile_arxiv keeps the ArXiv records only."""
+    import zstandard
+
+    recs = [{"text": f"arxiv paper {i} " * 20, "meta": {"pile_set_name": "ArXiv"}} for i in range(30)]
+    recs += [{"text": f"github file {i} " * 20, "meta": {"pile_set_name": "Github"}} for i in range(30)]
+    recs = [recs[i // 2] if i % 2 == 0 else recs[30 + i // 2] for i in range(60)]  # interleaved
+    raw = "".join(json.dumps(r) + "\n" for r in recs).encode()
+    shard = tmp_path / "00.jsonl.zst"
+    shard.write_bytes(zstandard.ZstdCompressor().compress(raw))
+    out = prepare_dataset(cfg(tmp_path, name="pile_arxiv", files=[str(shard)], pile_set_name="ArXiv"), progress=False)
+    texts = split_texts(out, "train") + split_texts(out, "val")
+    assert len(texts) == 30 and all(t.startswith("arxiv paper") for t in texts)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["config"]["pile_set_name"] == "ArXiv"
+    # the data config itself: what a user points at a mirror
+    import yaml
+
+    assert yaml.safe_load((REPO / "configs" / "data" / "pile_arxiv.yaml").read_text())["pile_set_name"] == "ArXiv"
+    assert yaml.safe_load((REPO / "configs" / "data" / "pile_books3.yaml").read_text())["pile_set_name"] == "Books3"
+    # files without the Pile's meta column: one line saying so
+    plain = write_jsonl(tmp_path / "plain.jsonl", DOCS[:10])
+    with pytest.raises(DataError, match=r"data.pile_set_name='ArXiv': json files .* has no 'meta' column "
+                                        r"\(columns: text, id\)"):
+        prepare_dataset(cfg(tmp_path, name="plain", files=[str(plain)], pile_set_name="ArXiv"), progress=False)
+
+
+def test_pg19_stand_in_reads_its_hub_layout_through_the_hub_path(tmp_path):
+    """data=pg19 as the hub serves it (parquet under data/, train and validation splits, PG-19's columns),
+    from a local directory in that layout through the same datasets.load_dataset(path, ...) call."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from data.config import DataConfig
+
+    repo = tmp_path / "pg19"
+    (repo / "data").mkdir(parents=True)
+    for split, n in (("train", 12), ("validation", 3)):
+        t = pa.table({"short_book_title": [f"Book {i}" for i in range(n)], "publication_date": [1900] * n,
+                      "url": ["u"] * n, "text": [f"{split} book {i}. " * 200 for i in range(n)]})
+        pq.write_table(t, repo / "data" / f"{split}-00000-of-00001.parquet")
+    import yaml
+
+    pg = yaml.safe_load((REPO / "configs" / "data" / "pg19.yaml").read_text())
+    assert (pg["source"], pg["path"], pg["val_split"]) == ("hf", "emozilla/pg19", "validation") and pg["revision"]
+    d = {**pg, "path": str(repo), "revision": None, "tokenizer": "bytes", "root": str(tmp_path / "cache"),
+         "cache_dir": str(tmp_path / "hf"), "num_workers": 1}
+    out = prepare_dataset(DataConfig.from_any(d), progress=False)
+    train, val = split_texts(out, "train"), split_texts(out, "val")
+    assert len(train) == 12 and len(val) == 3 and all(t.startswith("validation book") for t in val)
