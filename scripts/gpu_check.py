@@ -5,15 +5,23 @@
 
 (From the repository root; `-m` imports this checkout's packages.)
 
-Checks (one table row each, PASS / FAIL / SKIP / OOM):
+Checks (one table row each, PASS / FAIL / SKIP / OOM; --only picks some):
   compile/<variant>   bf16 autocast, torch.compile vs eager, every variant: 3 AdamW steps from the
                       same weights on the same batches, losses within 0.05
+  neox/<variant>      the same for the GeoNorm configs' block (arch=neox) in fp16 with a GradScaler
   fused_adamw_skip    a NaN gradient: fused AdamW with found_inf leaves weights and state unchanged
-  train_loop          train.py's loop on the device (compile, bf16, fused, NaN skip, timing, resume)
+  train_loop/<prec>   train.py's loop on the device in bf16 and in fp16 (GradScaler): compile, fused,
+                      NaN skip, timing, resume
   nccl_2proc          torchrun with 2 processes on 2 GPUs (SKIP with fewer)
+  ddp_accum_resume    2 GPUs, accumulation 2: equals 1 GPU at accumulation 4, and resumes exactly
   throughput          gpt_125m at block 1024: tokens/s and MFU of a bare compiled step
+  family/<variant>    one variant per family at gpt_125m, block 1024: tokens/s and peak memory beside
+                      Pre-LN's (the sphere variants' extra elementwise work is memory-bound)
   memory/<model>      peak memory of one training step per model preset at train.micro_batch_size
-Exit status: 1 if any row is FAIL, else 0. OOM rows are reported, not failures.
+  smoke/<experiment>  50 steps of each paper experiment (its model, arch, precision, micro-batch, compile)
+                      on a small offline sample (pysrc, GPT-2 BPE, data.max_docs): what a sweep would run
+Exit status: 1 if any row is FAIL, else 0. OOM rows are reported, not failures. The last line counts
+the graphs torch.compile built in this process (the smoke runs compile in their own).
 """
 from __future__ import annotations
 
@@ -47,8 +55,8 @@ class Ctx:
         if self.cuda:
             torch.cuda.synchronize(self.device)
 
-    def autocast(self):
-        return torch.autocast(self.device.type, dtype=torch.bfloat16)
+    def autocast(self, dtype=torch.bfloat16):
+        return torch.autocast(self.device.type, dtype=dtype)
 
 
 def _batches(vocab, block, batch, n, seed=0):
@@ -56,17 +64,21 @@ def _batches(vocab, block, batch, n, seed=0):
     return [torch.randint(0, vocab, (batch, block + 1), generator=g) for _ in range(n)]
 
 
-def _train_steps(ctx, model, batches, compile_backend=None):
-    """Losses of len(batches) AdamW steps (the repo's optimizer, fused where torch has it)."""
+def _train_steps(ctx, model, batches, compile_backend=None, dtype=torch.bfloat16):
+    """Losses of len(batches) AdamW steps (the repo's optimizer, fused where torch has it); fp16 through a
+    GradScaler, as the training loop does it."""
     opt = build_optimizer(model, optim_config(dict(lr=1e-3)), ctx.device)
     fwd = torch.compile(model, backend=compile_backend) if compile_backend else model
+    scaler = torch.amp.GradScaler(ctx.device.type) if dtype == torch.float16 else None
     losses = []
     for b in batches:
         b = b.to(ctx.device)
-        with ctx.autocast():
+        with ctx.autocast(dtype):
             _, loss = fwd(b[:, :-1], b[:, 1:])
-        loss.backward()
-        opt.step()
+        (scaler.scale(loss) if scaler else loss).backward()
+        if scaler:
+            scaler.unscale_(opt.inner)
+        opt.step(None, scaler)
         opt.zero_grad(set_to_none=True)
         losses.append(loss.item())
     return losses
@@ -87,6 +99,35 @@ def check_compile(ctx, args):
         ok = all(math.isfinite(x) for x in eager + compiled) and diff < 0.05
         yield (f"compile/{v}", "PASS" if ok else "FAIL",
                f"max loss difference {diff:.2e} over 3 steps (eager: {eager[-1]:.4f})", time.time() - t0)
+
+
+def _arch(name: str) -> dict:
+    """The model keys an architecture preset sets (configs/arch/<name>.yaml), for GPTConfig."""
+    from dataclasses import fields
+
+    keys = {f.name for f in fields(GPTConfig)}
+    model = yaml.safe_load((ROOT / "configs" / "arch" / f"{name}.yaml").read_text())["model"]
+    return {k: v for k, v in model.items() if k in keys}  # `arch` itself names the preset
+
+
+def check_neox(ctx, args):
+    """The GeoNorm paper configs' block (arch=neox: partial RoPE, GELU, biases, untied head) in fp16 with the
+    GradScaler, compiled (inductor on CUDA) against eager."""
+    variants = args.variants.split(",") if args.variants else ["pre_ln", "deepnorm", "sandwich", "geonorm"]
+    for v in variants:
+        cfg = GPTConfig(vocab_size=512, block_size=128, n_layer=2, n_head=4, n_embd=128, norm=v, **_arch("neox"))
+        batches = _batches(512, 128, 8, 3)
+        t0 = time.time()
+        torch.manual_seed(0)
+        eager = _train_steps(ctx, GPT(cfg).to(ctx.device), batches, dtype=torch.float16)
+        torch._dynamo.reset()
+        torch.manual_seed(0)
+        compiled = _train_steps(ctx, GPT(cfg).to(ctx.device), batches, ctx.backend, dtype=torch.float16)
+        diff = max(abs(a - b) for a, b in zip(eager, compiled))
+        ok = all(math.isfinite(x) for x in eager + compiled) and diff < 0.05
+        yield (f"neox/{v}", "PASS" if ok else "FAIL",
+               f"fp16 + GradScaler, max loss difference {diff:.2e} over 3 steps (eager: {eager[-1]:.4f})",
+               time.time() - t0)
 
 
 def check_fused_skip(ctx, args):
@@ -140,32 +181,38 @@ def check_train_loop(ctx, args):
     from trainer.config_store import register_code_configs
 
     register_code_configs()
-    t0 = time.time()
-    with tempfile.TemporaryDirectory() as tmp:
-        run = Path(tmp) / "run"
-        common = _tiny_overrides(args.data_root, run, ctx.device.type)
-        with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-            cfg = compose("config", overrides=[*common, "train.max_steps=4", "train.stop_at=3", "train.inject_nan_at=2"])
-            cfg2 = compose("config", overrides=[*common, "train.max_steps=6", "train.resume=auto"])
-        train(cfg)
-        train(cfg2)  # resume from step 3: mmap + weights-only load, this device's RNG state
-        recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-        tr = [r for r in recs if r["kind"] == "train"]
-        summary = [r for r in recs if r["kind"] == "summary"]
-        ckpt = ck.load_checkpoint(ck.find_latest(run))
-        problems = []
-        if not summary or summary[0]["steps"] != 6:
-            problems.append("no summary at step 6")
-        if ckpt["scheduler"]["skipped_total"] != 1:
-            problems.append(f"skipped {ckpt['scheduler']['skipped_total']} steps, expected 1")
-        if not any(r.get("tokens_per_s") for r in tr):
-            problems.append("no tokens/s")
-        if ctx.cuda and not any("compile_s" in r for r in tr):
-            problems.append("no compile_s record")
-    tps = max((r["tokens_per_s"] or 0) for r in tr) if tr else 0
-    yield ("train_loop", "FAIL" if problems else "PASS",
-           "; ".join(problems) or f"6 steps with a skipped NaN step and a resume; {tps:,.0f} tok/s",
-           time.time() - t0)
+    for precision in ("bf16", "fp16"):
+        t0 = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            run = Path(tmp) / "run"
+            common = [*_tiny_overrides(args.data_root, run, ctx.device.type), f"train.precision={precision}"]
+            with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+                cfg = compose("config", overrides=[*common, "train.max_steps=4", "train.stop_at=3",
+                                                   "train.inject_nan_at=2"])
+                cfg2 = compose("config", overrides=[*common, "train.max_steps=6", "train.resume=auto"])
+            train(cfg)
+            train(cfg2)  # resume from step 3: mmap + weights-only load, this device's RNG state
+            recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            tr = [r for r in recs if r["kind"] == "train"]
+            summary = [r for r in recs if r["kind"] == "summary"]
+            ckpt = ck.load_checkpoint(ck.find_latest(run))
+            problems = []
+            if not summary or summary[0]["steps"] != 6:
+                problems.append("no summary at step 6")
+            if ckpt["scheduler"]["skipped_total"] != 1:
+                problems.append(f"skipped {ckpt['scheduler']['skipped_total']} steps, expected 1")
+            scaler = ckpt["scheduler"].get("scaler")
+            if precision == "fp16" and not (scaler and scaler["scale"] < 2.0 ** 16):
+                problems.append(f"fp16: the NaN step did not back off the GradScaler ({scaler})")
+            if not any(r.get("tokens_per_s") for r in tr):
+                problems.append("no tokens/s")
+            if ctx.cuda and not any("compile_s" in r for r in tr):
+                problems.append("no compile_s record")
+        tps = max((r["tokens_per_s"] or 0) for r in tr) if tr else 0
+        extra = f", GradScaler at {scaler['scale']:g}" if precision == "fp16" and scaler else ""
+        yield (f"train_loop/{precision}", "FAIL" if problems else "PASS",
+               "; ".join(problems) or f"6 steps with a skipped NaN step and a resume{extra}; {tps:,.0f} tok/s",
+               time.time() - t0)
 
 
 def check_nccl(ctx, args):
@@ -186,6 +233,41 @@ def check_nccl(ctx, args):
         except subprocess.TimeoutExpired:
             ok, detail = False, "timed out after 300 s (a hang in a collective?)"
     yield "nccl_2proc", "PASS" if ok else "FAIL", detail, time.time() - t0
+
+
+def check_ddp_accum(ctx, args):
+    """2 GPUs x accumulation 2 against 1 GPU x accumulation 4 (same global batch, fp32: the sums differ only
+    in order), and the 2-GPU run stopped at step 2 and resumed against its straight run."""
+    import json
+
+    t0 = time.time()
+    if not ctx.cuda or torch.cuda.device_count() < 2:
+        yield "ddp_accum_resume", "SKIP", "needs 2 GPUs", 0.0
+        return
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "0,1"),
+           "WANDB_MODE": "disabled"}
+
+    def run(out, nproc, *extra):
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        cmd = [*launcher, "train.py", *_tiny_overrides(args.data_root, out, "cuda"), "train.batch_tokens=2048",
+               "train.precision=fp32", "train.compile=false", "logging.log_interval=1", "train.max_steps=4", *extra]
+        p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(" | ".join((p.stderr or p.stdout).strip().splitlines()[-3:])[-300:])
+        return [r["loss"] for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+                if r["kind"] == "train"]
+
+    with tempfile.TemporaryDirectory() as tmp:
+        one = run(Path(tmp) / "one", 1)
+        two = run(Path(tmp) / "two", 2)
+        run(Path(tmp) / "resumed", 2, "train.stop_at=2")
+        resumed = run(Path(tmp) / "resumed", 2, "train.resume=auto")
+    d_accum = max(abs(a - b) for a, b in zip(one, two))
+    d_resume = max(abs(a - b) for a, b in zip(two, resumed))
+    ok = len(one) == len(two) == len(resumed) == 4 and d_accum < 1e-3 and d_resume < 1e-5
+    yield ("ddp_accum_resume", "PASS" if ok else "FAIL",
+           f"2 x accum 2 vs 1 x accum 4: max loss difference {d_accum:.1e}; resumed vs straight: {d_resume:.1e}",
+           time.time() - t0)
 
 
 def check_throughput(ctx, args):
@@ -226,6 +308,104 @@ def check_throughput(ctx, args):
         (f"MFU {100 * mfu:.1f}%" if mfu is not None else
          "MFU n/a (GPU not in trainer/monitor.py PEAK_FLOPS)" if ctx.cuda else "MFU n/a on CPU")
     yield "throughput", "PASS" if ok else "FAIL", detail, time.time() - t0
+
+
+FAMILIES = {"classic": "pre_ln", "peri": "peri_ln", "dyt": "pre_dyt", "geodesic": "geonorm",
+            "sphere": "proj_spheret", "ngpt": "ngpt", "streams": "mhc"}
+
+
+def check_families(ctx, args):
+    """One variant per family at the paper shape (gpt_125m, block 1024, micro-batch 16, compiled, bf16):
+    tokens/s and peak memory, Pre-LN first so every other row can say its ratio."""
+    if ctx.cuda:
+        (n_layer, n_head, n_embd), block, batch, vocab, steps = (12, 12, 768), 1024, 16, 50304, 8
+    else:
+        (n_layer, n_head, n_embd), block, batch, vocab, steps = (2, 2, 64), 64, 4, 512, 2
+    base = None
+    for family, v in FAMILIES.items():
+        t0 = time.time()
+        torch._dynamo.reset()
+        cfg = GPTConfig(vocab_size=vocab, block_size=block, n_layer=n_layer, n_head=n_head, n_embd=n_embd, norm=v)
+        model = opt = None
+        try:
+            torch.manual_seed(0)
+            if ctx.cuda:
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats(ctx.device)
+            with ctx.device:
+                model = GPT(cfg)
+            opt = build_optimizer(model, optim_config(dict(lr=1e-4)), ctx.device)
+            fwd = torch.compile(model, backend=ctx.backend) if ctx.cuda else model  # CPU: the code path, quickly
+            batches = _batches(vocab, block, batch, 2 + steps)
+            for i, b in enumerate(batches):
+                if i == 2:
+                    ctx.sync()
+                    t = time.perf_counter()
+                b = b.to(ctx.device)
+                with ctx.autocast():
+                    _, loss = fwd(b[:, :-1], b[:, 1:])
+                loss.backward()
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+                model.after_optimizer_step(torch.ones((), dtype=torch.bool, device=ctx.device))
+            ctx.sync()
+            tps = steps * batch * block / (time.perf_counter() - t)
+            gb = torch.cuda.max_memory_allocated(ctx.device) / 2**30 if ctx.cuda else None
+            base = base or (tps, gb)
+            detail = (f"{v}: {tps:,.0f} tok/s ({tps / base[0]:.2f}x Pre-LN)"
+                      + (f", peak {gb:.1f} GiB ({gb / base[1]:.2f}x)" if gb is not None else ""))
+            status = "PASS" if math.isfinite(loss.item()) else "FAIL"
+        except torch.cuda.OutOfMemoryError:
+            status, detail = "OOM", f"{v}: micro-batch {batch} x {block} does not fit"
+        finally:
+            del model, opt
+        yield f"family/{family}", status, detail, time.time() - t0
+
+
+def paper_experiments() -> list[str]:
+    return sorted(p.stem for p in (ROOT / "configs" / "experiment").glob("*.yaml")
+                  if p.stem.startswith(("geonorm_", "spheret_")))
+
+
+def check_smoke(ctx, args):
+    """50 steps of each paper experiment as a sweep would launch it (train.py, its model, arch, precision,
+    micro-batch; compiled on CUDA), on a small offline sample instead of its corpus. On CPU: the first one,
+    shrunk to a tiny width, 3 steps."""
+    exps = args.experiments.split(",") if args.experiments else paper_experiments()
+    if not ctx.cuda:
+        exps = exps[:1]
+    data = ["data=pysrc", "data.tokenizer=gpt2", "data.name=smoke_pysrc", "data.max_docs=3000",
+            f"data.root={args.data_root}"]
+    for exp in exps:
+        t0 = time.time()
+        with tempfile.TemporaryDirectory() as tmp:
+            steps = 50 if ctx.cuda else 3
+            cmd = [sys.executable, "train.py", f"experiment={exp}", *data, f"train.max_steps={steps}",
+                   f"train.eval_interval={steps}", "train.eval_tokens=65536", f"train.ckpt_interval={steps}",
+                   "optim.warmup_steps=10", "logging.console=false", "logging.wandb.mode=disabled",
+                   f"train.device={ctx.device.type}", f"out_dir={Path(tmp) / 'run'}"]
+            if not ctx.cuda:
+                cmd += ["model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.block_size=64",
+                        "train.batch_tokens=512", "train.micro_batch_size=4", "train.eval_tokens=256",
+                        "train.precision=fp32"]
+            p = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled"}, capture_output=True,
+                               text=True, timeout=1800)
+            summary, tps = None, 0
+            metrics = Path(tmp) / "run" / "metrics.jsonl"
+            if metrics.is_file():
+                import json
+
+                recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+                summary = next((r for r in recs if r["kind"] == "summary"), None)
+                tps = max((r.get("tokens_per_s") or 0 for r in recs if r["kind"] == "train"), default=0)
+        oom = "OutOfMemoryError" in p.stderr
+        if p.returncode == 0 and summary and not summary.get("diverged"):
+            status, detail = "PASS", (f"{steps} steps, final val loss {summary['final_val_loss']:.3f}, "
+                                      f"{tps:,.0f} tok/s")
+        else:
+            tail = " | ".join((p.stderr or p.stdout).strip().splitlines()[-2:])[-300:]
+            status, detail = ("OOM" if oom else "FAIL"), f"exit {p.returncode}: {tail}"
+        yield f"smoke/{exp}", status, detail, time.time() - t0
 
 
 def check_memory(ctx, args):
@@ -272,15 +452,25 @@ def check_memory(ctx, args):
             yield row, status, detail, time.time() - t0
 
 
-CHECKS = {"compile": check_compile, "fused_skip": check_fused_skip, "train_loop": check_train_loop,
-          "nccl": check_nccl, "throughput": check_throughput, "memory": check_memory}
+CHECKS = {"compile": check_compile, "neox": check_neox, "fused_skip": check_fused_skip,
+          "train_loop": check_train_loop, "nccl": check_nccl, "ddp": check_ddp_accum, "throughput": check_throughput,
+          "families": check_families, "memory": check_memory, "smoke": check_smoke}
+
+
+def _graphs_compiled() -> int:
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) | cpu (a small dry run of the same code)")
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(CHECKS)}")
-    ap.add_argument("--variants", default=None, help="compile check: comma-separated variants (default: all)")
+    ap.add_argument("--variants", default=None, help="compile and neox checks: comma-separated variants "
+                                                     "(default: every variant; neox: the GeoNorm table's)")
+    ap.add_argument("--experiments", default=None, help="smoke check: comma-separated experiments "
+                                                        "(default: every geonorm_* and spheret_* one)")
     ap.add_argument("--data-root", default=os.environ.get("NANONORM_DATA", str(ROOT / "data_cache")),
                     help="where train_loop prepares the offline pydocs corpus")
     args = ap.parse_args(argv)
@@ -317,7 +507,8 @@ def main(argv=None) -> int:
     for n, status, detail, secs in rows:
         print(f"| {n:<{w}} | {status:<6} | {secs:7.1f} | {detail} |")
     failed = [r[0] for r in rows if r[1] == "FAIL"]
-    print(f"\n{len(rows)} checks in {time.time() - t_start:.0f} s: "
+    graphs = _graphs_compiled()
+    print(f"\n{len(rows)} checks in {time.time() - t_start:.0f} s, {graphs} graph(s) compiled in this process: "
           + (f"{len(failed)} FAILED ({', '.join(failed)})" if failed else "no failures"))
     return 1 if failed else 0
 

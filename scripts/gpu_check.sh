@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Run this first on a GPU machine: it exercises what the CPU test suite cannot (bf16 + torch.compile
-# for every variant, fused AdamW's NaN skip, the training loop on the GPU, NCCL with 2 GPUs,
-# gpt_125m throughput and MFU, peak memory per model preset). One GPU: under ten minutes.
+# for every variant, the neox block in fp16, fused AdamW's NaN skip, the training loop in bf16 and fp16,
+# NCCL and DDP accumulation with 2 GPUs, throughput, MFU and memory per variant family and model preset,
+# 50 steps of each paper experiment). The list is in scripts/gpu_check.py; --only picks checks.
 # Prints a table; exits 1 if any check failed. Options go to scripts/gpu_check.py (--help).
 # Runs from the repository root with `python -m`, so it checks this checkout's code.
 set -euo pipefail
