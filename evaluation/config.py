@@ -15,7 +15,7 @@ from common import ConfigError
 from common.config import NonNegInt, PosInt, Range, bad, build, check, field_docs, type_hints
 from runtime.launch import PRECISION_CHOICES, precision_name
 
-# lm-eval's zero-shot tasks reported by default (README "Evaluation").
+# lm-eval's zero-shot tasks reported by default (docs/evaluation.md).
 DEFAULT_TASKS = ("lambada_openai", "wikitext", "hellaswag", "piqa", "arc_easy", "arc_challenge", "winogrande",
                  "boolq", "openbookqa", "sciq", "social_iqa")
 

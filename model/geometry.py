@@ -1,6 +1,6 @@
 """The geometry of the residual stream: how far each sublayer turns and moves it, and the gradient
 that reaches each depth. The same measurements for every variant, so Pre-LN's implied rotation and
-GeoNorm's explicit one are on one axis (docs/step_scale_study.md; README, "Monitoring").
+GeoNorm's explicit one are on one axis (docs/step_scale_study.md; docs/training.md, "Monitoring").
 
     stats = stream_geometry(model, x, y)   # {name: 0-d tensor}, one forward and one backward
 

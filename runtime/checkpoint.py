@@ -1,4 +1,4 @@
-"""Checkpoint files (format: README, "Resume and pre-emption"): atomic save, keep last K, find, load and
+"""Checkpoint files (format: docs/training.md, "Resume and pre-emption"): atomic save, keep last K, find, load and
 validate, the model of a checkpoint, and the RNG streams they carry. Shared by training, eval.py and
 sample.py; what training does with a run dir (its lock, the resume decision) is trainer/resume.py."""
 from __future__ import annotations

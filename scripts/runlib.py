@@ -1,7 +1,7 @@
 """Reading run directories for plot_curves.py and make_table.py (one job: runs -> labelled records).
 
 A run directory holds `config.yaml` (resolved Hydra config) and `metrics.jsonl` (one JSON record per
-line, written by trainer/sinks.py; kinds and keys in the README, "Monitoring"). Runs are grouped by
+line, written by trainer/sinks.py; kinds and keys in docs/training.md, "Monitoring"). Runs are grouped by
 a label: the point label sweep.py recorded in the sweep's `sweep.json`, else the matching
 `experiment_meta.points` entry of the run's config, else `norm.name`, plus any `--group-by` keys.
 """

@@ -4,7 +4,7 @@
 #   sbatch --nodes=4 --gpus-per-node=8 scripts/slurm_train.sh norm=geonorm model=gpt_125m data=fineweb_edu
 #
 # Pre-emption: SLURM sends SIGUSR1 120 s before the time limit (--signal below) to every process of the
-# step; train.py checkpoints within two steps (README: "Pre-emption grace period") and exits 0; the job
+# step; train.py checkpoints within two steps (docs/training.md: "Pre-emption grace period") and exits 0; the job
 # then requeues itself and train.resume=auto continues from the newest checkpoint (also after a crash
 # or a manual requeue).
 # torchrun itself would die on SIGUSR1, so it is started with SIGUSR1 ignored (the Python workers

@@ -395,7 +395,8 @@ d = Path(kv["out_dir"]); d.mkdir(parents=True, exist_ok=True)
 
 def test_usage_examples_name_existing_experiments():
     import re
-    texts = {p.name: p.read_text() for p in [*SCRIPTS.glob("*.py"), *SCRIPTS.glob("*.sh"), REPO / "README.md"]}
+    texts = {p.name: p.read_text() for p in [*SCRIPTS.glob("*.py"), *SCRIPTS.glob("*.sh"), REPO / "README.md",
+                                             *(REPO / "docs").glob("*.md")]}
     used = {(name, m) for name, t in texts.items() for m in re.findall(r"--experiment[ =]([A-Za-z0-9_]+)", t)}
     assert {m for _, m in used} >= {"cpu_study"}
     assert [u for u in used if u[1] not in EXPERIMENTS] == []

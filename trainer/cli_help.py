@@ -47,7 +47,7 @@ def config_help(config_dir: Path) -> str:
                "optim": [(n, c.Options) for n, c in [*OPTIMIZERS.items(), *SCHEDULES.items()]]}
     own = {cls: defaults(cls) for rs in readers.values() for _, cls in rs}  # each class's keys and defaults, once
     lines = ["usage: python train.py [group=option ...] [key=value ...]",
-             "       torchrun --nproc_per_node=N train.py ...    (DDP; see README)",
+             "       torchrun --nproc_per_node=N train.py ...    (DDP; see docs/training.md)",
              "",
              "Hydra overrides: `group=option` picks a file of a config group, `key=value` sets one option.",
              "Every option is typed and checked at start-up. Hydra's own help: --hydra-help.",

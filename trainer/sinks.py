@@ -1,6 +1,6 @@
 """Where records go: metrics.jsonl (always), the console (`logging.console`), wandb (rank 0, offline by default).
 
-A record is a flat dict with "kind", "step", "tokens" and the fields listed in the README's "Monitoring" section.
+A record is a flat dict with "kind", "step", "tokens" and the fields listed in docs/training.md, "Monitoring".
 """
 from __future__ import annotations
 
