@@ -118,9 +118,12 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
         raise EvalConfigError(f"bad config eval.stride={cfg.stride}: must be at most the model's block_size="
                               f"{model.config.block_size} (tokens scored per window)")
     tokenizer = get_tokenizer(ckpt["tokenizer"])
-    echo(f"eval: {ckpt_path} (step {ckpt['step']}, norm {model.config.norm.name}, {model.num_params() / 1e6:.2f}M params) "
-         f"on {rt.device} {rt.precision}, world size {rt.world_size}"
-         + (f", {torch.get_num_threads()} CPU threads" if rt.device.type == "cpu" else ""))
+    echo(
+        f"eval: {ckpt_path} (step {ckpt['step']}, norm {model.config.norm.name}, "
+        f"{model.num_params() / 1e6:.2f}M params) "
+        f"on {rt.device} {rt.precision}, world size {rt.world_size}"
+        + (f", {torch.get_num_threads()} CPU threads" if rt.device.type == "cpu" else "")
+    )
     payload = {"checkpoint": str(ckpt_path), "step": ckpt["step"], "norm": model.config.norm.name,
                "tokenizer": ckpt["tokenizer"], "model_config": ckpt["model_config"],
                "eval_config": cfg.to_dict(), "world_size": rt.world_size, "device": str(rt.device),
@@ -156,13 +159,19 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
         out = Path(cfg.out or default_out(ckpt_path, ckpt["step"]))
         if payload.get("perplexity") is None and not payload.get("tasks"):
             # Nothing measured: a file holding earlier results keeps them untouched.
-            echo("nothing written: no evaluation succeeded" + (f" ({out} keeps its earlier results)" if out.exists() else ""))
+            echo(
+                "nothing written: no evaluation succeeded"
+                + (f" ({out} keeps its earlier results)" if out.exists() else "")
+            )
         else:
             echo(f"wrote {write_merged(out, payload)} (merged with its earlier results for this checkpoint)")
             if cfg.wandb and log_wandb(ckpt, run_dir_of(ckpt_path), payload):
                 echo(f"logged to wandb run {ckpt['wandb_run_id']}")
         if failed:
-            echo(f"eval.py: {len(failed)} of {len(cfg.tasks)} requested task(s) failed or are unknown: {', '.join(failed)}")
+            echo(
+                f"eval.py: {len(failed)} of {len(cfg.tasks)} requested task(s) failed or are unknown: "
+                f"{', '.join(failed)}"
+            )
     return 1 if failed else 0
 
 

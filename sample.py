@@ -41,8 +41,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="tokens kept when the context overflows block_size (default: block_size, as nanoGPT)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole window every token (slow; for checks)")
     p.add_argument("--device", default="auto")
-    p.add_argument("--threads", type=int, default=None,
-                   help="CPU threads for torch (default: OMP_NUM_THREADS if set, else the cores not busy with other work)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="CPU threads for torch (default: OMP_NUM_THREADS if set, else the cores not busy with other work)",
+    )
     p.add_argument("--dtype", default="auto",
                    help="auto (bf16 on CUDA when supported, else fp32) | bf16 | fp16 | fp32, as train.precision")
     return p.parse_args(argv)
@@ -96,7 +100,9 @@ def _sample(args, prompt: str, ckpt_path, rt) -> int:
     ids = tok.encode(prompt) if prompt else [tok.eot]
     block_size = model.config.block_size
     # validate before any work, with the prompt's length in tokens in the message
-    check_generate_args(block_size, len(ids), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.crop_keep)
+    check_generate_args(
+        block_size, len(ids), args.max_new_tokens, args.temperature, args.top_k, args.top_p, args.crop_keep
+    )
     gen = torch.Generator(device=rt.device).manual_seed(args.seed)
     past = len(ids) + args.max_new_tokens - block_size
     if past > 0:

@@ -234,21 +234,32 @@ def composition_error_line(e: BaseException, groups: Mapping) -> str:
 
 
 _FIELD_LINE = re.compile(r"^\s+(\w+)\s*:[^#]*#\s*(.+?)\s*$")
+_FIELD_BARE = re.compile(r"^\s+(\w+)\s*:[^#]*$")  # a field with its doc in the `#:` lines above
+_DOC_ABOVE = re.compile(r"^\s+#:\s?(.*?)\s*$")
 
 
 @functools.cache
 def field_docs(cls) -> dict:
-    """{field: its one-line doc}: the trailing `# ...` comment of the field's line in the class source,
-    looked up in the class's bases too (an Options class inherits its base's docs). Read once per class."""
+    """{field: its one-line doc}: the trailing `# ...` comment of the field's line in the class source, or
+    the `#: ...` lines just above it (where the line would be too long), looked up in the class's bases too
+    (an Options class inherits its base's docs). Read once per class."""
     docs: dict = {}
     for c in reversed([c for c in cls.__mro__ if dataclasses.is_dataclass(c)]):
         try:
             lines = inspect.getsource(c).splitlines()
         except (OSError, TypeError):
             continue
-        names, own = {f.name for f in dataclasses.fields(c)}, {}
-        for m in filter(None, map(_FIELD_LINE.match, lines)):
-            if m[1] in names:
-                own.setdefault(m[1], m[2])
+        names, own, above = {f.name for f in dataclasses.fields(c)}, {}, []
+        for line in lines:
+            doc_line = _DOC_ABOVE.match(line)
+            if doc_line:  # `#: ...` lines above a field whose line is too long for its doc
+                above.append(doc_line[1])
+                continue
+            m = _FIELD_LINE.match(line) or _FIELD_BARE.match(line)
+            if m and m[1] in names:
+                doc = m[2] if m.lastindex and m.lastindex >= 2 and m[2] else " ".join(above)
+                if doc:
+                    own.setdefault(m[1], doc)
+            above = []
         docs.update(own)
     return docs

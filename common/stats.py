@@ -104,7 +104,9 @@ def bootstrap_slope(n_by_point: Sequence[float], losses_by_point: Sequence[Seque
     return b, float(np.quantile(draws, q)), float(np.quantile(draws, 1 - q))
 
 
-def diff_ci(a: Sequence[float], b: Sequence[float], confidence: float = 0.95) -> tuple[float, Optional[float], Optional[float]]:
+def diff_ci(
+    a: Sequence[float], b: Sequence[float], confidence: float = 0.95
+) -> tuple[float, Optional[float], Optional[float]]:
     """mean(a) - mean(b) and its Welch-Satterthwaite t interval (None below 2 values a side)."""
     d = statistics.fmean(a) - statistics.fmean(b)
     if len(a) < 2 or len(b) < 2:

@@ -17,7 +17,8 @@ class DataConfig:
     tokenizer: Name = "bytes"         # bytes (257 ids) | gpt2 (GPT-2 BPE)
     root: Optional[Name] = None       # prepared data root; null: $NANONORM_DATA, else data_cache
     source: Name = "pydocs"           # pydocs | pysrc | hf | local | shards (existing llm.c .bin files in `path`)
-    path: Optional[str] = None        # hf: the dataset (datasets.load_dataset(path, name=subset, ...)); shards: their dir
+    #: hf: the dataset (datasets.load_dataset(path, name=subset, ...)); shards: their dir
+    path: Optional[str] = None
     subset: Optional[str] = None      # hf: the dataset's config name
     revision: Optional[str] = None    # hf: pin a commit for reproducibility
     split: Name = "train"             # hf: the split read for training
@@ -28,8 +29,10 @@ class DataConfig:
     files: Union[str, list, None] = None      # local: glob or list of globs of .txt / .jsonl / .json / .parquet
     val_files: Union[str, list, None] = None  # local: own validation files; null: hold out val_fraction
     pile_set_name: Optional[str] = None  # local Pile-format jsonl(.zst): keep records whose meta.pile_set_name is this
-    txt_sample_by: Literal["document", "paragraph", "line"] = "document"  # .txt: one document per file, per blank-line paragraph, or per line
-    val_fraction: Annotated[float, Range(0, 1, "[)")] = 0.0005  # held-out fraction of DOCUMENTS (when there is no val split)
+    #: .txt: one document per file, per blank-line paragraph, or per line
+    txt_sample_by: Literal["document", "paragraph", "line"] = "document"
+    #: held-out fraction of DOCUMENTS (when there is no val split)
+    val_fraction: Annotated[float, Range(0, 1, "[)")] = 0.0005
     val_min_tokens: NonNegInt = 8192  # held-out val is topped up to this many tokens from the corpus's end
     split_seed: NonNegInt = 1337      # seed of the document split
     shard_size: PosInt = 100_000_000  # tokens per shard (llm.c uses 100M)

@@ -480,8 +480,10 @@ def _check_splits(cfg: DataConfig, splits: dict, val_held_out: bool) -> None:
         raise DataError(f"empty corpus: data.source={cfg.source} produced no non-empty training documents"
                         + (f" from data.files={cfg.files}" if cfg.source == "local" else ""))
     if splits["val"]["tokens"] == 0:
-        raise DataError(f"the validation split ({'data.val_files' if cfg.val_files else f'data.val_split={cfg.val_split!r}'}) "
-                        f"has no documents; give one with documents, or leave it unset to hold out part of data.files")
+        raise DataError(
+            f"the validation split ({'data.val_files' if cfg.val_files else f'data.val_split={cfg.val_split!r}'}) "
+            f"has no documents; give one with documents, or leave it unset to hold out part of data.files"
+        )
     if not val_held_out and splits["val"]["tokens"] < cfg.val_min_tokens:
         _log(f"warning: the validation split has {splits['val']['tokens']:,} tokens, fewer than "
              f"data.val_min_tokens={cfg.val_min_tokens:,}: validation loss will be noisy")

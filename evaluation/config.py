@@ -27,19 +27,23 @@ class EvalConfigError(ConfigError):
 @dataclass
 class EvalConfig:
     split: Optional[str] = "val"          # prepared split for loss/perplexity; null: skip perplexity
-    data_dir: Optional[str] = None        # null: the checkpoint's data dir (prepared again from the run's data config if missing)
+    #: null: the checkpoint's data dir (prepared again from the run's data config if missing)
+    data_dir: Optional[str] = None
     token_budget: Optional[PosInt] = None  # tokens scored for perplexity; null: the whole split
     stride: Optional[PosInt] = None       # new tokens scored per sliding window; null: block_size (non-overlapping)
     batch_size: PosInt = 8                # sequences per forward pass (perplexity and lm-eval)
-    tasks: list = field(default_factory=lambda: list(DEFAULT_TASKS))  # lm-eval task names; empty (--tasks none): no tasks
+    #: lm-eval task names; empty (--tasks none): no tasks
+    tasks: list = field(default_factory=lambda: list(DEFAULT_TASKS))
     include_path: Optional[str] = None    # directory of extra lm-eval task YAMLs (local JSONL tasks)
-    limit: Optional[Annotated[float, Range(0, float("inf"), "()")]] = None  # lm-eval: at most this many documents per task (int), or a fraction (<1); null: all
+    #: lm-eval: at most this many documents per task (int), or a fraction (<1); null: all
+    limit: Optional[Annotated[float, Range(0, float("inf"), "()")]] = None
     num_fewshot: Optional[NonNegInt] = None  # lm-eval: null = each task's default (0 for the default list)
     bootstrap_iters: NonNegInt = 1000     # lm-eval stderr bootstrap iterations (0: no stderr)
     max_gen_toks: PosInt = 256            # generate_until default when a task sets none
     seed: int = 1234                      # lm-eval seeds and generation sampling
     device: str = "auto"                  # auto | cpu | cuda | cuda:N (torchrun: one GPU per local rank)
-    dtype: str = "auto"                   # auto (bf16 on CUDA when supported, else fp32) | bf16 | fp16 | fp32, as train.precision
+    #: auto (bf16 on CUDA when supported, else fp32) | bf16 | fp16 | fp32, as train.precision
+    dtype: str = "auto"
     threads: Optional[PosInt] = None      # CPU threads for torch; null: OMP_NUM_THREADS if set, else the idle cores
     out: Optional[str] = None             # JSON path; null: <run dir>/eval/eval_<step>.json
     wandb: bool = True                    # log to the run's wandb run (its id is in the checkpoint) when there is one
@@ -79,7 +83,9 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                         help="YAML of eval keys to change (default: none; EvalConfig's defaults)")
     docs, default = field_docs(EvalConfig), EvalConfig()
     for f in fields(EvalConfig):
-        shown = ",".join(default.tasks) if f.name == "tasks" else yaml.safe_dump(getattr(default, f.name)).split("\n")[0]
+        shown = (
+            ",".join(default.tasks) if f.name == "tasks" else yaml.safe_dump(getattr(default, f.name)).split("\n")[0]
+        )
         nullable = type(None) in typing.get_args(type_hints(EvalConfig)[f.name])
         how = ("" if _text_flag(f.name) else "; a YAML value") + ("; null unsets" if nullable else "")
         parser.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=None, metavar="VALUE",

@@ -245,7 +245,9 @@ def run_tasks(lm: NanoLM, tasks, include_path=None, limit=None, num_fewshot=None
     results, failures = {}, {}
     for task in tasks:
         if task not in tm.all_tasks:
-            failures[task] = "unknown task (not in lm-eval's registry" + (f" nor in {include_path})" if include_path else ")")
+            failures[task] = "unknown task (not in lm-eval's registry" + (
+                f" nor in {include_path})" if include_path else ")"
+            )
         else:
             # Every rank makes exactly one agree() call after the last one the evaluator made
             # for it: at the end of a task, on failure, or (PeerFailed) in the call that reported it.

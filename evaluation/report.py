@@ -34,8 +34,14 @@ def merge_results(path, new: dict) -> dict:
 
     if not old or same(old) != same(new):
         return {**new, "runs": [run]}
-    earlier = old.get("runs") or [{"eval_config": old.get("eval_config"), "perplexity": old.get("perplexity"),
-                                   "tasks": sorted(old.get("tasks") or {}), "failed_tasks": old.get("failed_tasks") or {}}]
+    earlier = old.get("runs") or [
+        {
+            "eval_config": old.get("eval_config"),
+            "perplexity": old.get("perplexity"),
+            "tasks": sorted(old.get("tasks") or {}),
+            "failed_tasks": old.get("failed_tasks") or {},
+        }
+    ]
     merged = {**old, **new}
     merged["perplexity"] = new.get("perplexity") or old.get("perplexity")
     merged["tasks"] = {**(old.get("tasks") or {}), **(new.get("tasks") or {})}

@@ -43,7 +43,9 @@ def count_windows(n_tokens: int, first: int, block_size: int, stride: int) -> in
 
 
 @torch.no_grad()
-def score_batch(model, items: Sequence[tuple[Sequence[int], Window]], device, autocast) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def score_batch(
+    model, items: Sequence[tuple[Sequence[int], Window]], device, autocast
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Score windows of token sequences in one forward pass (right-padded; causal, so padding is harmless).
 
     items: (tok, window) pairs. Returns, per item, on `device` (no host sync):

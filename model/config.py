@@ -46,11 +46,16 @@ class GPTConfig:
     rope_base: Annotated[float, Range(1, math.inf, "()")] = 10000.0  # RoPE frequency base
     rope_fraction: Annotated[float, Range(0, 1, "(]")] = 1.0  # fraction of each head's dimensions that RoPE rotates
     mlp: Literal["gelu", "swiglu", "relu2"] = "gelu"  # gelu (GPT-2), swiglu (LLaMA), relu2 (modded-nanogpt)
-    mlp_hidden: Optional[Annotated[int, Range(1, note="(the MLP kind's default)")]] = None  # null: 4d (gelu, relu2); 8d/3 rounded up to a multiple of 64 (swiglu)
+    #: null: 4d (gelu, relu2); 8d/3 rounded up to a multiple of 64 (swiglu)
+    mlp_hidden: Optional[Annotated[int, Range(1, note="(the MLP kind's default)")]] = None
     qk_norm: bool = False                # RMSNorm (no gain) of q and k per head before attention
-    attn_gate: Literal["none", "elementwise", "headwise"] = "none"  # sigmoid gate on attention's output before c_proj, from the sublayer input (Gated Attention, arXiv 2505.06708, G1): per element or per head
-    init: Name = "nanogpt"               # weight init scheme: nanogpt (N(0, 0.02)) | fan_in (N(0, 1/fan_in)); model/init.py
-    embed_std: Optional[Annotated[float, Range(0, math.inf, "()", "(the init scheme's)")]] = None  # std of the token/position embeddings at init; null: the init scheme's
+    #: sigmoid gate on attention's output before c_proj, from the sublayer input (Gated Attention, arXiv 2505.06708,
+    #: G1): per element or per head
+    attn_gate: Literal["none", "elementwise", "headwise"] = "none"
+    #: weight init scheme: nanogpt (N(0, 0.02)) | fan_in (N(0, 1/fan_in)); model/init.py
+    init: Name = "nanogpt"
+    #: std of the token/position embeddings at init; null: the init scheme's
+    embed_std: Optional[Annotated[float, Range(0, math.inf, "()", "(the init scheme's)")]] = None
     # --- normalization (Hydra group `norm`): the variant's name and its own options ---
     norm: Any = field(default_factory=NormOptions)  # a variant name, a mapping of norm.* keys or its Options
 

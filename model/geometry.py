@@ -33,7 +33,9 @@ def _ratio(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
     return num.float().norm(dim=-1) / den.float().norm(dim=-1).clamp_min(1e-30)
 
 
-def stream_geometry(model: torch.nn.Module, x: torch.Tensor, y: Optional[torch.Tensor] = None) -> Dict[str, torch.Tensor]:
+def stream_geometry(
+    model: torch.nn.Module, x: torch.Tensor, y: Optional[torch.Tensor] = None
+) -> Dict[str, torch.Tensor]:
     """The measurements of one batch (keys in the module doc), as 0-d device tensors (no host sync).
 
     Runs its own forward (in the model's current mode: the trainer puts it in eval mode) and, when

@@ -95,7 +95,9 @@ class CausalSelfAttention(nn.Module):
             k, v = cache.update(self.layer, k, v)  # cached keys are stored already rotated
             mask = None
             if T > 1:  # new queries see the whole cache and the causal part of themselves
-                mask = torch.arange(pos + T, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
+                mask = (
+                    torch.arange(pos + T, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
+                )
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale)
         if self.gate is not None:  # (B, T, n_head, hd or 1) -> each head's output times its gates
             g = torch.sigmoid(self.gate(x))

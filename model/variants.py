@@ -180,7 +180,8 @@ class DeepNorm(Variant):
     @dataclass
     class Options(NormOptions):
         final_norm: bool = False      # output Norm before the LM head
-        deepnorm_init: Literal["scaled", "xavier"] = "scaled"  # scaled: nanoGPT's N(0, 0.02) times beta; xavier: beta times Xavier's std
+        #: scaled: nanoGPT's N(0, 0.02) times beta; xavier: beta times Xavier's std
+        deepnorm_init: Literal["scaled", "xavier"] = "scaled"
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -291,8 +292,10 @@ class SphereOptions(NormOptions):
     """The `norm.*` keys of the sphere family (GeoNorm, the SpheretNorms)."""
     decay: str = "none"               # step decay lambda: none | harmonic | sqrt | linear
     decay_index: Literal["block", "sublayer"] = "block"  # lambda indexed by block k of N, or by sublayer j+1 of 2N
-    sublayer_input: Literal["raw", "norm"] = "raw"       # F reads the raw stream h (raw) or Norm(h) (norm; GeoNorm's default)
-    target_angle: Optional[float] = None  # initial step sizes set so the mean angle at init is this (rad); null: the _init value
+    #: F reads the raw stream h (raw) or Norm(h) (norm; GeoNorm's default)
+    sublayer_input: Literal["raw", "norm"] = "raw"
+    #: initial step sizes set so the mean angle at init is this (rad); null: the _init value
+    target_angle: Optional[float] = None
 
     def __post_init__(self):
         super().__post_init__()
@@ -648,7 +651,12 @@ class NGPT(Variant):
         if hasattr(model, "wpe"):
             out.append((model.wpe.weight, 1))
         for b in model.blocks:
-            out += [(b.attn.c_attn.weight, 1), (b.attn.c_proj.weight, 0), (b.mlp.c_fc.weight, 1), (b.mlp.c_proj.weight, 0)]
+            out += [
+                (b.attn.c_attn.weight, 1),
+                (b.attn.c_proj.weight, 0),
+                (b.mlp.c_fc.weight, 1),
+                (b.mlp.c_proj.weight, 0),
+            ]
             if hasattr(b.mlp, "c_gate"):
                 out.append((b.mlp.c_gate.weight, 1))
         return out

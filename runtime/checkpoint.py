@@ -143,7 +143,9 @@ def load_checkpoint(path: Union[str, Path]) -> dict:
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not a nanonorm checkpoint (no format='{FORMAT}' field)")
     if ckpt.get("version") != VERSION:
-        raise CheckpointError(f"checkpoint {path} has version {ckpt.get('version')!r}; this code reads version {VERSION}")
+        raise CheckpointError(
+            f"checkpoint {path} has version {ckpt.get('version')!r}; this code reads version {VERSION}"
+        )
     missing = [k for k in _REQUIRED if k not in ckpt]
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks field(s) {missing}")

@@ -146,7 +146,10 @@ def main() -> None:
         for mb in sorted({r["mb"] for r in rows}):
             by = {r["method"]: r for r in rows if r["mb"] == mb}
             if {"ours", "baseline"} <= set(by):
-                print(f"{mb} MB: ours / baseline throughput = {by['ours']['tok_per_s'] / by['baseline']['tok_per_s']:.2f}x")
+                print(
+                    f"{mb} MB: ours / baseline throughput = "
+                    f"{by['ours']['tok_per_s'] / by['baseline']['tok_per_s']:.2f}x"
+                )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

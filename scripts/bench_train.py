@@ -114,10 +114,13 @@ def run(a, ov, tmp: Path) -> None:
     tr = make_trainer(ov, tmp / "warm")
     bare_loop(tr, a.warmup)
     tokens = a.steps * tr.train_cfg.batch_tokens
-    print(f"model {tr.mcfg.n_layer}L d={tr.mcfg.n_embd} T={tr.mcfg.block_size} norm={tr.mcfg.norm.name} | "
-          f"{tr.train_cfg.batch_tokens} tok/step | {a.steps} steps x {a.repeats} repeats | log/{tr.log_cfg.log_interval} "
-          f"stats/{tr.log_cfg.stats_interval} eval/{tr.train_cfg.eval_interval} ckpt/{tr.train_cfg.ckpt_interval} | "
-          f"wandb {tr.log_cfg.wandb.mode} | {tr.device} {tr.precision} threads={torch.get_num_threads()}", flush=True)
+    print(
+        f"model {tr.mcfg.n_layer}L d={tr.mcfg.n_embd} T={tr.mcfg.block_size} norm={tr.mcfg.norm.name} | "
+        f"{tr.train_cfg.batch_tokens} tok/step | {a.steps} steps x {a.repeats} repeats | log/{tr.log_cfg.log_interval} "
+        f"stats/{tr.log_cfg.stats_interval} eval/{tr.train_cfg.eval_interval} ckpt/{tr.train_cfg.ckpt_interval} | "
+        f"wandb {tr.log_cfg.wandb.mode} | {tr.device} {tr.precision} threads={torch.get_num_threads()}",
+        flush=True,
+    )
     tr.close()
     for r in range(a.repeats):
         tr = make_trainer(ov, tmp / f"bare{r}")

@@ -106,8 +106,11 @@ def main():
     args.variants = [v for v in args.variants if v != "pre_ln"]  # the baseline every row is measured against
     for spec in args.variants:
         config(spec)  # a bad row: one line before the table starts
-    print(f"# arch={args.arch}: {args.n_layer} layers, d={args.n_embd}, T={args.seq}, batch {args.batch}, vocab {args.vocab}, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} interleaved repeats")
+    print(
+        f"# arch={args.arch}: {args.n_layer} layers, d={args.n_embd}, T={args.seq}, batch {args.batch}, "
+        f"vocab {args.vocab}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} interleaved repeats"
+    )
     print("| variant | mode | time ratio | ms/step | pre_ln ms | saved MiB | memory ratio |")
     print("|---|---|---|---|---|---|---|")
     base = build("pre_ln")

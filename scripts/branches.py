@@ -140,11 +140,16 @@ def main(argv=None) -> int:
     try:
         horizons = [int(float(h)) for h in args.horizons.split(",")]
     except ValueError:
-        raise SystemExit(f"--horizons {args.horizons!r}: give a comma list of step counts, e.g. 250,1000,4000") from None
+        raise SystemExit(
+            f"--horizons {args.horizons!r}: give a comma list of step counts, e.g. 250,1000,4000"
+        ) from None
     warmup = next((int(o.split("=", 1)[1]) for o in overrides if o.startswith("optim.warmup_steps=")), 0)
     p = plan(horizons, args.decay_frac, warmup)
-    print(f"trunk of {p['trunk']} steps, branches at " + (", ".join(f"h{h} from step {s}" for h, s in p["branches"].items())
-                                                         or "none") + f"; cost {cost(p):.2f}x the longest run")
+    print(
+        f"trunk of {p['trunk']} steps, branches at "
+        + (", ".join(f"h{h} from step {s}" for h, s in p["branches"].items()) or "none")
+        + f"; cost {cost(p):.2f}x the longest run"
+    )
     if args.dry_run:
         print("$ python train.py", " ".join([*overrides, *trunk_args(p, args.decay_frac, args.out)]))
         for h, s in p["branches"].items():

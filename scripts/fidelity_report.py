@@ -162,17 +162,23 @@ def scalar_summary(run) -> tuple[str, str]:
 def part_b(runs_b, runs_a, out: Path, study) -> list[str]:
     best = runlib.best_over(by(runs_a, study), KEY_LR)
     groups = by(runs_b, study)
-    lines = ["### (b) Step-size scalars: `optim.groups.scalars.lr_mult` at each variant's best lr (seed 0)", "",
-             "| variant | lr | lr_mult | final val loss | final scalars (min..max over sublayers; from the checkpoint) | "
-             "angle: mean / max (rad) |", "|---|---|---|---|---|---|"]
+    lines = [
+        "### (b) Step-size scalars: `optim.groups.scalars.lr_mult` at each variant's best lr (seed 0)",
+        "",
+        "| variant | lr | lr_mult | final val loss | final scalars (min..max over sublayers; from the checkpoint) | "
+        "angle: mean / max (rad) |",
+        "|---|---|---|---|---|---|",
+    ]
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, rs in groups.items():
         seed0 = [r for r in best[label]["runs"] if str(r.seed) == "0"]
         series = sorted(seed0 + rs, key=lambda r: float(runlib.get_key(r.config, KEY_MULT) or 1.0))
         for r in series:
             sc, ang = scalar_summary(r)
-            lines.append(f"| {label} | {float(best[label]['value']):g} | {float(runlib.get_key(r.config, KEY_MULT) or 1):g} "
-                         f"| {cell(r)} | {sc} | {ang} |")
+            lines.append(
+                f"| {label} | {float(best[label]['value']):g} | {float(runlib.get_key(r.config, KEY_MULT) or 1):g} "
+                f"| {cell(r)} | {sc} | {ang} |"
+            )
         xs = [float(runlib.get_key(r.config, KEY_MULT) or 1.0) for r in series if r.finished]
         ys = [r.final_val_loss if not r.failed else math.nan for r in series if r.finished]
         ax.plot(xs, ys, "o-", label=label, color=variant_colour(label), ms=4)
@@ -184,9 +190,13 @@ def part_b(runs_b, runs_a, out: Path, study) -> list[str]:
     fig.tight_layout()
     fig.savefig(out / "b_scalars.png", dpi=120)
     plt.close(fig)
-    lines += ["", f"lr_mult 1 is part (a)'s seed-0 run. Angles: the monitor's mean rotation angle per sublayer "
-              "(last stats step, one batch), averaged over sublayers / the largest per-sublayer maximum. "
-              f"{len(runs_b)} runs of {runlib.tokens_per_run(runs_b):,} tokens; {wall(runs_b) / 3600:.2f} h of one core.", ""]
+    lines += [
+        "",
+        f"lr_mult 1 is part (a)'s seed-0 run. Angles: the monitor's mean rotation angle per sublayer "
+        "(last stats step, one batch), averaged over sublayers / the largest per-sublayer maximum. "
+        f"{len(runs_b)} runs of {runlib.tokens_per_run(runs_b):,} tokens; {wall(runs_b) / 3600:.2f} h of one core.",
+        "",
+    ]
     return lines
 
 
@@ -240,8 +250,12 @@ def part_c(runs, out: Path, study) -> list[str]:
         order = sorted(curves, key=lambda c: dict(zip(curves[c][0], curves[c][1]))[t])
         rank_lines.append(f"- {t / 1e6:.2f}M tokens: " + " < ".join(order))
     lines += ["", "Ranking (lowest loss first) at each token count:", ""] + rank_lines
-    lines += ["", "Crossings (the sign of the difference of the seed means changes between two evaluations, "
-              "after the first 5% of training; *within noise* when |difference| < the larger seed std at both ends):", ""]
+    lines += [
+        "",
+        "Crossings (the sign of the difference of the seed means changes between two evaluations, "
+        "after the first 5% of training; *within noise* when |difference| < the larger seed std at both ends):",
+        "",
+    ]
     labels = list(curves)
     found = False
     for i, a in enumerate(labels):
@@ -272,7 +286,11 @@ def part_c(runs, out: Path, study) -> list[str]:
                              + note)
     if not found:
         lines.append("- none")
-    lines += ["", f"Tokens per run: {runlib.tokens_per_run(runs):,}; {len(runs)} runs; {wall(runs) / 3600:.2f} h of one core.", ""]
+    lines += [
+        "",
+        f"Tokens per run: {runlib.tokens_per_run(runs):,}; {len(runs)} runs; {wall(runs) / 3600:.2f} h of one core.",
+        "",
+    ]
     return lines
 
 
@@ -281,8 +299,12 @@ def part_c(runs, out: Path, study) -> list[str]:
 def part_d(runs, out: Path, study) -> list[str]:
     groups = by(runs, study)
     groups = {k: groups[k] for k in sorted(groups, key=lambda g: (g.split("-")[0], "-" in g, g))}
-    lines = ["### (d) Choice ablations at the best setting (seeds 0, 1)", "",
-             "| variant / change | final val loss | Δ vs its baseline | Δ beyond the seed spread? |", "|---|---|---|---|"]
+    lines = [
+        "### (d) Choice ablations at the best setting (seeds 0, 1)",
+        "",
+        "| variant / change | final val loss | Δ vs its baseline | Δ beyond the seed spread? |",
+        "|---|---|---|---|",
+    ]
     for lbl, rs in groups.items():
         base_lbl = lbl.split("-")[0]
         base = ok_losses(groups.get(base_lbl, []))
@@ -294,9 +316,13 @@ def part_d(runs, out: Path, study) -> list[str]:
         spread = max([statistics.stdev(v) for v in (xs, base) if len(v) > 1] or [0.0])
         verdict = "yes" if abs(delta) > 2 * spread else ("no" if abs(delta) < spread else "unclear")
         lines.append(f"| {lbl} | {pm(xs)} | {delta:+.3f} | {verdict} (spread {spread:.3f}) |")
-    lines += ["", "Seed spread = the larger of the two rows' std over 2 seeds; *yes* when |Δ| > 2x spread, "
-              "*no* when |Δ| < spread, *unclear* between. "
-              f"Tokens per run: {runlib.tokens_per_run(runs):,}; {len(runs)} runs; {wall(runs) / 3600:.2f} h of one core.", ""]
+    lines += [
+        "",
+        "Seed spread = the larger of the two rows' std over 2 seeds; *yes* when |Δ| > 2x spread, "
+        "*no* when |Δ| < spread, *unclear* between. "
+        f"Tokens per run: {runlib.tokens_per_run(runs):,}; {len(runs)} runs; {wall(runs) / 3600:.2f} h of one core.",
+        "",
+    ]
     return lines
 
 
@@ -330,7 +356,11 @@ def part_e(runs, out: Path, study) -> list[str]:
     fig.tight_layout()
     fig.savefig(out / "e_depth.png", dpi=120)
     plt.close(fig)
-    lines += ["", f"Tokens per run: {runlib.tokens_per_run(runs):,}; seed 0; {wall(runs) / 3600:.2f} h of one core.", ""]
+    lines += [
+        "",
+        f"Tokens per run: {runlib.tokens_per_run(runs):,}; seed 0; {wall(runs) / 3600:.2f} h of one core.",
+        "",
+    ]
     return lines
 
 
@@ -411,6 +441,9 @@ def report(study, root: Path, docs: Path, experiment: str | None = None) -> None
 if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
     import sys
 
-    print("usage: scripts/fidelity_report.py is the fidelity study's report (python scripts/study.py fidelity --report); "
-          "it is not a command", file=sys.stderr)
+    print(
+        "usage: scripts/fidelity_report.py is the fidelity study's report (python scripts/study.py fidelity --report); "
+        "it is not a command",
+        file=sys.stderr,
+    )
     sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

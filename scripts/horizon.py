@@ -316,8 +316,10 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
         if part["name"] in parts:
             lines += part_tables(study, part, parts[part["name"]])
     times = runlib.study_times(root, study.name)
-    if times:
-        lines += ["## Wall time", "", "| part | wall |", "|---|---|"]
+    if times:  # runs/ of this checkout only: each part's line above has the training time of every trunk
+        lines += ["## Wall time", "", "Of the invocations whose run dirs this checkout holds (earlier checkouts' "
+                  "wall time is not kept; each part's line above sums the training time of all its trunks).", "",
+                  "| part | wall |", "|---|---|"]
         lines += [f"| {p} | {s / 3600:.2f} h |" for p, s in times.items()] + [""]
     atomic_write(d / "tables.md", "\n".join(lines) + "\n")
     atomic_write(d / "results.jsonl", "".join(json.dumps({k: v for k, v in r.items() if k != "trunk"}) + "\n"
@@ -338,12 +340,17 @@ def part_tables(study, part: dict, rows: list) -> list:
               if any(r["tpp"] == float(t) for r in rows)}
     train_s = sum((r["train_s"] or 0) for r in rows)
     commits = sorted({r["commit"] for r in rows})
-    out = [f"## Part {name}", "",
-           f"{len(trunks)} trunks, {len(rows)} horizon results; tokens per run: "
-           + ", ".join(f"{t:g} tok/param = {n:,}" for t, n in tokens.items())
-           + f"; selection seeds {study.seeds}, test seeds {part['test_seeds']}; training time {train_s / 3600:.2f} h "
-           f"(trunk + branches: {branches.cost(branches.plan(sorted({r['steps'] for r in rows}), part.get('decay_frac', 0.2))):.2f}x "
-           f"the longest run per trunk); code {', '.join(commits)}.", ""]
+    cost = branches.cost(branches.plan(sorted({r["steps"] for r in rows}), part.get("decay_frac", 0.2)))
+    out = [
+        f"## Part {name}",
+        "",
+        f"{len(trunks)} trunks, {len(rows)} horizon results; tokens per run: "
+        + ", ".join(f"{t:g} tok/param = {n:,}" for t, n in tokens.items())
+        + f"; selection seeds {study.seeds}, test seeds {part['test_seeds']}; training time {train_s / 3600:.2f} h "
+        f"(trunk + branches: {cost:.2f}x "
+        f"the longest run per trunk); code {', '.join(commits)}.",
+        "",
+    ]
     for t, entries in res.items():
         if not entries:
             continue
@@ -408,12 +415,22 @@ def figure(study, part: dict, rows: list, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, 4))
     cells = sorted({c for e in res.values() for c, v in e.items() if v.get("paired")})
     for c in cells:
-        pts = [(t, e[c]["paired"]) for t, e in res.items() if c in e and e[c].get("paired") and e[c]["paired"].lo is not None]
+        pts = [
+            (t, e[c]["paired"])
+            for t, e in res.items()
+            if c in e and e[c].get("paired") and e[c]["paired"].lo is not None
+        ]
         if not pts:
             continue
         xs = [t for t, _ in pts]
-        ax.errorbar(xs, [p.mean for _, p in pts], yerr=[[p.mean - p.lo for _, p in pts], [p.hi - p.mean for _, p in pts]],
-                    marker="o", capsize=3, label=c)
+        ax.errorbar(
+            xs,
+            [p.mean for _, p in pts],
+            yerr=[[p.mean - p.lo for _, p in pts], [p.hi - p.mean for _, p in pts]],
+            marker="o",
+            capsize=3,
+            label=c,
+        )
     ax.axhline(0, color="k", lw=0.8)
     for m in (MARGIN, PAPER_MARGIN):
         ax.axhspan(-m, m, color="grey", alpha=0.08)

@@ -98,7 +98,9 @@ def _cells(row: dict, paper: dict | None, pm: str, dagger: str) -> list[str]:
     if "best_value" in row:
         best = "—" if row["best_value"] is None else _fmt_value(row["best_value"])
         best += " (edge)" if row.get("edge") else ""
-        best += f" (chosen on {row['chosen_on']} of {row['n']} seeds)" if row.get("chosen_on", row["n"]) < row["n"] else ""
+        best += (
+            f" (chosen on {row['chosen_on']} of {row['n']} seeds)" if row.get("chosen_on", row["n"]) < row["n"] else ""
+        )
         cells[1:1] = [best,
                       ", ".join(f"{_fmt_value(v)}: " + ("failed" if not math.isfinite(x) else f"{x:.4f}")
                                 for v, x in sorted(row["by_value"].items(), key=lambda kv: _sort_key(kv[0])))]

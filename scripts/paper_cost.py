@@ -110,7 +110,9 @@ def gpu_hours(flops: float, gpu: str, precision: str, mfu: float) -> float:
 def summary(spec: dict, plans: dict, gpu: str, mfu: float) -> dict:
     """Totals of a table: GPU-hours at one seed and one lr, at its seeds, and at every lr of its grid."""
     one = sum(gpu_hours(r["flops"], gpu, r["precision"], mfu) for p in plans.values() for r in p["runs"])
-    seeded = sum(gpu_hours(r["flops"], gpu, r["precision"], mfu) * r["seeds"] for p in plans.values() for r in p["runs"])
+    seeded = sum(
+        gpu_hours(r["flops"], gpu, r["precision"], mfu) * r["seeds"] for p in plans.values() for r in p["runs"]
+    )
     grid = max((r["lr_grid"] for p in plans.values() for r in p["runs"]), default=0)
     data = {}
     for p in plans.values():

@@ -353,7 +353,11 @@ def add_wall_time(path: Path, part: str, seconds: float) -> None:
 if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
     import sys
 
-    print("usage: scripts/runlib.py is imported by plot_curves.py, make_table.py and the study scripts; it is not a command", file=sys.stderr)
+    print(
+        "usage: scripts/runlib.py is imported by plot_curves.py, make_table.py and the study scripts; "
+        "it is not a command",
+        file=sys.stderr,
+    )
     sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
 
 

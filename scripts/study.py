@@ -129,9 +129,14 @@ class Study:
             for k in NEEDS.get(p["kind"], ()):
                 if k not in p:
                     bad(f"parts.{p['name']}.{k}", f"missing (a {p['kind']} part needs {', '.join(NEEDS[p['kind']])})")
-            needs_of = p["kind"] not in ("grid", "points", "script", "horizon") or (p["kind"] == "horizon" and "pick" in p)
+            needs_of = p["kind"] not in ("grid", "points", "script", "horizon") or (
+                p["kind"] == "horizon" and "pick" in p
+            )
             if needs_of and p.get("of") not in names[:i]:
-                bad(f"parts.{p['name']}.of", f"{p.get('of')!r} is not an earlier part ({', '.join(names[:i]) or 'none'})")
+                bad(
+                    f"parts.{p['name']}.of",
+                    f"{p.get('of')!r} is not an earlier part ({', '.join(names[:i]) or 'none'})",
+                )
             ablated = [a.get("of") for a in (p.get("ablations") or {}).values()]
             for c in study.picked_names(p.get("pick", [])) + ablated + list(p.get("cells", [])):
                 if c not in study.cells:
@@ -381,7 +386,9 @@ class Runner:
             for name, a in (part.get("ablations") or {}).items():
                 if a["of"] in cells:
                     cells[name] = (best[a["of"]][0], {**self.cells[a["of"]]["overrides"], **a.get("overrides", {})})
-            threads = next((int(o.split("=")[1]) for o in part.get("overrides", []) if o.startswith("train.threads=")), 1)
+            threads = next(
+                (int(o.split("=")[1]) for o in part.get("overrides", []) if o.startswith("train.threads=")), 1
+            )
             self.sweep(sweep, dict(s.at(c, setting, o) for c, (setting, o) in cells.items()), seeds,
                        part.get("overrides", []), jobs=max(1, self.args.jobs // threads))
         elif kind == "vary":
@@ -431,7 +438,12 @@ class Runner:
             if (r.path / part["output"]).is_file():
                 print(f"# skip (done): {r.path / part['output']}")
                 continue
-            cmd = [sys.executable, str(REPO / "scripts" / f"{part['script']}.py"), str(r.path), *map(str, part.get("args", []))]
+            cmd = [
+                sys.executable,
+                str(REPO / "scripts" / f"{part['script']}.py"),
+                str(r.path),
+                *map(str, part.get("args", [])),
+            ]
             print("$", " ".join(cmd), flush=True)
             if children.run(cmd) != 0:
                 raise SystemExit(f"{part['script']} on {r.path} failed")
@@ -469,8 +481,11 @@ def main(argv=None) -> int:
     ap.add_argument("--part", help="run only this part (default: every part in order, then the report)")
     ap.add_argument("--report", action="store_true", help="only the report, from whatever has finished")
     ap.add_argument("--list", action="store_true", help="print the parts and cells, run nothing")
-    ap.add_argument("--runs-root", type=Path, help="default runs; with another experiment (--experiment) or overrides after "
-                    "--: runs/<study>-custom")
+    ap.add_argument(
+        "--runs-root",
+        type=Path,
+        help="default runs; with another experiment (--experiment) or overrides after --: runs/<study>-custom",
+    )
     ap.add_argument("--docs", type=Path, help="where the report and the recorded bests go, <docs>/<study>/* "
                     "(default docs; with another experiment or overrides: <runs-root>/docs)")
     ap.add_argument("--jobs", type=int, default=2, help="runs at once (one thread each)")

@@ -90,7 +90,11 @@ def test_kv_cache_offsets_rope_positions():
     model = sharp(GPT(preset("llama")))
     x = torch.randint(0, V, (2, T), generator=torch.Generator().manual_seed(1))
     cache = model.new_kv_cache(2)
-    parts = [model(x[:, :5], kv_cache=cache)[0], model(x[:, 5:6], kv_cache=cache)[0], model(x[:, 6:], kv_cache=cache)[0]]
+    parts = [
+        model(x[:, :5], kv_cache=cache)[0],
+        model(x[:, 5:6], kv_cache=cache)[0],
+        model(x[:, 6:], kv_cache=cache)[0],
+    ]
     assert torch.allclose(torch.cat(parts, 1), model(x)[0], atol=1e-4)
 
 

@@ -41,7 +41,9 @@ def test_a_branch_equals_the_direct_wsd_run_of_its_horizon_bitwise(tmp_path, loa
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
     for k, v in a["optimizer"]["state"].items():
-        assert all(torch.equal(t, b["optimizer"]["state"][k][n]) for n, t in v.items() if isinstance(t, torch.Tensor)), k
+        assert all(
+            torch.equal(t, b["optimizer"]["state"][k][n]) for n, t in v.items() if isinstance(t, torch.Tensor)
+        ), k
     assert records(out / "h12", "summary")[0]["final_val_loss"] == records(tmp_path / "direct", "summary")[0][
         "final_val_loss"]
     assert b["wandb_run_id"] is None and b["train_s"] < a["train_s"] + 60  # a run of its own, not the trunk's

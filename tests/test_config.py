@@ -67,14 +67,19 @@ def test_an_explicit_setting_beats_the_variant_default():
 
 @pytest.mark.slow
 def test_wrong_types_are_one_line_naming_the_key():
-    for override, msg in (("train.max_steps=abc", "bad config train.max_steps='abc': must be an integer"),
-                          ("norm=geonorm norm.clamp=abc", "bad config norm.clamp='abc': must be a number"),
-                          ("norm.clamp=0.5", "bad config norm.clamp=0.5: not an option of norm.name=pre_ln (its "
-                                             "options: name, kind, eps, embed_norm, final_norm, learn_radius, derf_alpha)"),
-                          ("model.bias=1", "bad config model.bias=1: must be true or false"),
-                          ("optim.groups.vectors.lr_mult=[1]", "bad config optim.groups.vectors.lr_mult=[1]: must be a number"),
-                          ("optim.groups=5", "bad config optim.groups=5: must be a group of keys"),
-                          ("logging.wandb=3", "bad config logging.wandb=3: must be a group of keys")):
+    for override, msg in (
+        ("train.max_steps=abc", "bad config train.max_steps='abc': must be an integer"),
+        ("norm=geonorm norm.clamp=abc", "bad config norm.clamp='abc': must be a number"),
+        (
+            "norm.clamp=0.5",
+            "bad config norm.clamp=0.5: not an option of norm.name=pre_ln (its "
+            "options: name, kind, eps, embed_norm, final_norm, learn_radius, derf_alpha)",
+        ),
+        ("model.bias=1", "bad config model.bias=1: must be true or false"),
+        ("optim.groups.vectors.lr_mult=[1]", "bad config optim.groups.vectors.lr_mult=[1]: must be a number"),
+        ("optim.groups=5", "bad config optim.groups=5: must be a group of keys"),
+        ("logging.wandb=3", "bad config logging.wandb=3: must be a group of keys"),
+    ):
         with pytest.raises(ConfigError) as e:
             parse_run_config(composed(*override.split()))
         assert str(e.value) == msg
@@ -82,9 +87,13 @@ def test_wrong_types_are_one_line_naming_the_key():
 
 def test_composition_errors_become_one_line():
     for override, msg in (
-            ("norm=nope", "unknown norm=nope: valid are " + ", ".join(sorted(VARIANTS))),
-            ("model.foo=1", "unknown key(s) model.foo: valid keys are " + ", ".join(group_defaults()["model"])),
-            ("optim.groups.gains.lr_mult=2", "unknown key(s) optim.groups.gains: valid keys are matrices, embeddings, vectors, scalars")):
+        ("norm=nope", "unknown norm=nope: valid are " + ", ".join(sorted(VARIANTS))),
+        ("model.foo=1", "unknown key(s) model.foo: valid keys are " + ", ".join(group_defaults()["model"])),
+        (
+            "optim.groups.gains.lr_mult=2",
+            "unknown key(s) optim.groups.gains: valid keys are matrices, embeddings, vectors, scalars",
+        ),
+    ):
         with pytest.raises(ConfigCompositionException) as e:
             composed(override)
         assert composition_error_line(e.value, group_defaults()) == msg
@@ -96,7 +105,9 @@ def test_train_py_reports_an_unknown_key_in_one_line(tmp_path):
     p = subprocess.run([sys.executable, "train.py", "+model.foo=1", f"out_dir={tmp_path}"], cwd=REPO, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 2, p.stderr
-    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith("error: unknown key(s) model.foo: ")
+    assert p.stderr.strip().splitlines() == [p.stderr.strip()] and p.stderr.startswith(
+        "error: unknown key(s) model.foo: "
+    )
     assert not (tmp_path / "metrics.jsonl").exists()
 
 
@@ -184,7 +195,9 @@ def test_help_and_a_bad_key_answer_without_torch_once_cached(tmp_path):
     def run(*argv, script="train.py"):
         p = subprocess.run([sys.executable, "-X", "importtime", script, *argv], cwd=REPO, env=env,
                            capture_output=True, text=True, timeout=600)
-        imported = {line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+        imported = {
+            line.rsplit("|", 1)[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")
+        }
         return p, imported
 
     first, imported = run("--help")  # fills the cache of the help and the schema (imports torch once)
@@ -217,17 +230,27 @@ def test_the_cli_cache_is_keyed_on_its_sources(tmp_path, monkeypatch):
 def test_optimizer_and_schedule_keys_belong_to_their_component():
     from trainer.schedules import SCHEDULES
 
-    with pytest.raises(ConfigError, match=r"^bad config optim.decay_frac=0.4: not an option of optim.schedule=cosine "
-                                          r"\(its options: none\); if a config file set it, optim.decay_frac=null drops it$"):
+    with pytest.raises(
+        ConfigError,
+        match=r"^bad config optim.decay_frac=0.4: not an option of optim.schedule=cosine "
+        r"\(its options: none\); if a config file set it, optim.decay_frac=null drops it$",
+    ):
         optim_config({"name": "muon", "schedule": "cosine", "decay_frac": 0.4})
     # optim=muon's file nests its schedule's keys, so naming another schedule drops them with it
-    assert parse_run_config(composed("optim=muon")).optim.schedule == SCHEDULES["wsd"].Options(name="wsd", decay_frac=0.4)
+    assert parse_run_config(composed("optim=muon")).optim.schedule == SCHEDULES["wsd"].Options(
+        name="wsd", decay_frac=0.4
+    )
     assert parse_run_config(composed("optim=muon", "optim.schedule=cosine")).optim.schedule.name == "cosine"
     for override in ("optim.decay_frac=0.3", "optim.schedule.decay_frac=0.3"):  # the command line wins
         assert parse_run_config(composed("optim=muon", override)).optim.schedule.decay_frac == 0.3
-    with pytest.raises(ConfigError, match=r"^bad config optim.decay_frac=0.4: not an option of optim.schedule=constant"):
+    with pytest.raises(
+        ConfigError, match=r"^bad config optim.decay_frac=0.4: not an option of optim.schedule=constant"
+    ):
         optim_config({"schedule": {"name": "constant", "decay_frac": 0.4}})
-    assert optim_config({"name": "muon", "schedule": "cosine", "decay_frac": None}).schedule == SCHEDULES["cosine"].Options()
+    assert (
+        optim_config({"name": "muon", "schedule": "cosine", "decay_frac": None}).schedule
+        == SCHEDULES["cosine"].Options()
+    )
     assert optim_config({"schedule": "wsd", "decay_frac": 0.4}).schedule.decay_frac == 0.4
     with pytest.raises(ConfigError, match=r"^bad config optim.muon=\{'lr': 0.1\}: not an option of optim.name=adamw"):
         optim_config({"muon": {"lr": 0.1}})

@@ -219,7 +219,9 @@ def test_preparation_says_what_it_is_doing_without_a_terminal(tmp_path, capsys, 
     f = write_jsonl(tmp_path / "c.jsonl", DOCS * 3)
     prepare_dataset(cfg(tmp_path, files=[str(f)], batch_docs=8), progress=False)
     err = [e for e in capsys.readouterr().err.splitlines() if e.startswith("[data] ")]  # (not datasets' own bars)
-    assert err[0].startswith("[data] preparing t (local source, tokenizer bytes) into ") and "opening the corpus" in err[0]
+    assert (
+        err[0].startswith("[data] preparing t (local source, tokenizer bytes) into ") and "opening the corpus" in err[0]
+    )
     assert err[1] == f"[data] {len(DOCS) * 3} documents to tokenize with 1 worker process(es)"
     lines = [e for e in err if e.startswith("[data] ") and f"/{len(DOCS) * 3} documents, " in e]
     assert lines and lines[-1].startswith(f"[data] {len(DOCS) * 3}/{len(DOCS) * 3} documents, ")

@@ -241,12 +241,18 @@ def test_eval_cli_json_markdown_and_wandb(tmp_path, capsys, monkeypatch):
     assert [p.name.split("-")[-1] for p in (run / "wandb").glob("offline-run-*")] == ["evaltest1"]
 
 
-@pytest.mark.parametrize("setup, needle", [
-    (lambda p: p / "missing", "does not exist"),
-    (lambda p: (p / "empty_run").mkdir() or p / "empty_run", "no checkpoints"),
-    (lambda p: (p / "junk.pt").write_bytes(b"not a checkpoint") and p / "junk.pt", "not a nanonorm checkpoint (not a torch.save zip"),
-    (lambda p: torch.save({"model": {}}, p / "other.pt") or p / "other.pt", "not a nanonorm checkpoint"),
-])
+@pytest.mark.parametrize(
+    "setup, needle",
+    [
+        (lambda p: p / "missing", "does not exist"),
+        (lambda p: (p / "empty_run").mkdir() or p / "empty_run", "no checkpoints"),
+        (
+            lambda p: (p / "junk.pt").write_bytes(b"not a checkpoint") and p / "junk.pt",
+            "not a nanonorm checkpoint (not a torch.save zip",
+        ),
+        (lambda p: torch.save({"model": {}}, p / "other.pt") or p / "other.pt", "not a nanonorm checkpoint"),
+    ],
+)
 def test_bad_checkpoint_paths_give_one_clear_line(tmp_path, capsys, setup, needle):
     path = setup(tmp_path)
     rc, out, err = run_eval(capsys, path, "--tasks", "none", "--split", "null")
@@ -424,7 +430,10 @@ def test_shard_with_ids_outside_the_vocabulary_is_named(tmp_path, capsys):
     rc, _, err = run_eval(capsys, ckpt, "--tasks", "none", "--data-dir", tmp_path / "data")
     last = err.strip().splitlines()[-1]
     assert rc == 2 and "Traceback" not in err, err
-    assert last.startswith("error: ") and "val_000000.bin: token id 300 is outside the vocabulary of bytes (257 ids)" in last
+    assert (
+        last.startswith("error: ")
+        and "val_000000.bin: token id 300 is outside the vocabulary of bytes (257 ids)" in last
+    )
 
 
 def test_a_data_file_given_as_checkpoint_gets_fitting_advice(tmp_path, capsys):

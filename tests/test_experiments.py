@@ -62,7 +62,9 @@ def make_run(d: Path, norm: str, seed: int, final: float, *, diverged: bool = Fa
             lines.append({"kind": "eval", "step": s, "tokens": s * tpt, "val_loss": v,
                           "val_ppl": math.exp(v) if math.isfinite(v) else v})
     for i in range(spikes):
-        lines.append({"kind": "spike", "step": 10 + i, "tokens": (10 + i) * tpt, "metric": "loss", "value": 9.0, "z": 7.0})
+        lines.append(
+            {"kind": "spike", "step": 10 + i, "tokens": (10 + i) * tpt, "metric": "loss", "value": 9.0, "z": 7.0}
+        )
     rms = {f"rms/{j}": 1.0 + j * (0.5 if norm == "pre_ln" else 0.0) for j in range(2 * n_layer + 1)}
     lines.append({"kind": "stats", "step": steps, "tokens": steps * tpt, **rms})
     if finished:
@@ -288,7 +290,9 @@ def test_sweep_slurm_script_and_requirements(capsys, tmp_path: Path) -> None:
                        "--runs-root", str(tmp_path), "--partition", "gpu", "--", "data.files=/d/*.jsonl"]) == 0
     out = capsys.readouterr().out
     n = len(experiment_meta("geonorm_125m_books3_512")["points"])  # one array task per point
-    assert f"#SBATCH --array=0-{n - 1}" in out and "#SBATCH --gpus-per-node=8" in out and "#SBATCH --partition=gpu" in out
+    assert (
+        f"#SBATCH --array=0-{n - 1}" in out and "#SBATCH --gpus-per-node=8" in out and "#SBATCH --partition=gpu" in out
+    )
     assert out.count("torchrun --standalone --nproc_per_node=8 train.py experiment=geonorm_125m_books3_512") == n
     assert "'data.files=/d/*.jsonl'" in out and "norm=sandwich" in out
     # both readings of GeoNorm's sublayer input, pinned; a subset by label keeps a point's overrides
@@ -374,7 +378,8 @@ with open({str(calls)!r}, "a") as f:
 if kv["norm"] == "post_ln" and not Path({str(tmp_path / "fixed")!r}).exists():
     sys.exit(3)
 d = Path(kv["out_dir"]); d.mkdir(parents=True, exist_ok=True)
-(d / "metrics.jsonl").write_text(json.dumps({{"kind": "summary", "step": 1, "tokens": 1, "final_val_loss": 2.0}}) + "\\n")
+summary = {{"kind": "summary", "step": 1, "tokens": 1, "final_val_loss": 2.0}}
+(d / "metrics.jsonl").write_text(json.dumps(summary) + "\\n")
 """)
     stub.chmod(0o755)
     argv = ["--name", "t", "--grid", "norm=pre_ln,post_ln,geonorm", "--runs-root", str(tmp_path), "--python", str(stub)]
@@ -382,7 +387,11 @@ d = Path(kv["out_dir"]); d.mkdir(parents=True, exist_ok=True)
     assert calls.read_text().split() == ["pre_ln-s0", "post_ln-s0", "geonorm-s0"]
     assert "1 point(s) failed: post_ln-s0" in capsys.readouterr().out
     manifest = json.loads((tmp_path / "t" / "sweep.json").read_text())
-    assert [(p["label"], p["seed"]) for p in manifest["points"]] == [("pre_ln", "0"), ("post_ln", "0"), ("geonorm", "0")]
+    assert [(p["label"], p["seed"]) for p in manifest["points"]] == [
+        ("pre_ln", "0"),
+        ("post_ln", "0"),
+        ("geonorm", "0"),
+    ]
     (tmp_path / "fixed").touch()
     assert sweep.main(argv) == 0
     assert calls.read_text().split()[3:] == ["post_ln-s0"]  # only the unfinished point ran again
@@ -442,7 +451,8 @@ while not others and time.time() - t0 < 20:
     time.sleep(0.05)
     others = [p for p in d.parent.glob("*/started") if p.parent != d]
 print("lr", kv["optim.lr"], "overlapped", bool(others))
-(d / "metrics.jsonl").write_text(json.dumps({{"kind": "summary", "step": 1, "tokens": 1, "final_val_loss": 2.0}}) + "\\n")
+summary = {{"kind": "summary", "step": 1, "tokens": 1, "final_val_loss": 2.0}}
+(d / "metrics.jsonl").write_text(json.dumps(summary) + "\\n")
 """)
     stub.chmod(0o755)
     pts = tmp_path / "points.yaml"
@@ -563,7 +573,9 @@ def test_every_paper_experiment_recommends_an_lr_grid() -> None:
 def test_slurm_submit_without_sbatch_keeps_the_script_and_says_where(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
     with pytest.raises(SystemExit, match=r"no sbatch on PATH .*sweep\.sbatch"):
-        sweep.main(["--experiment", "cpu_study", "--slurm", "--submit", "--runs-root", str(tmp_path), "--python", "python"])
+        sweep.main(
+            ["--experiment", "cpu_study", "--slurm", "--submit", "--runs-root", str(tmp_path), "--python", "python"]
+        )
     assert (tmp_path / "cpu_study" / "sweep.sbatch").is_file()
 
 
@@ -577,7 +589,9 @@ def test_sweep_validates_every_point_while_planning(tmp_path, capsys, grid, bad,
             sweep.main(["--name", "t", "--grid", grid, "--runs-root", str(tmp_path), *extra])
         out, err = capsys.readouterr()
         assert e.value.code == 2 and f"# bad point {bad}: {msg}" in out
-        assert err.strip().splitlines() == [err.strip()] and f"1 of 2 point(s) cannot run, nothing started: {bad}: " in err
+        assert (
+            err.strip().splitlines() == [err.strip()] and f"1 of 2 point(s) cannot run, nothing started: {bad}: " in err
+        )
         assert "rerun" not in out + err and not (tmp_path / "t").exists()  # nothing started, nothing written
 
 

@@ -117,7 +117,11 @@ def test_step_scale_script_table(pydocs, load_script, capsys):
             "--cell", "pre=norm=pre_ln", "--", "experiment=fidelity", "model.n_layer=2", "model.n_embd=32",
             "model.n_head=2", "model.block_size=32", "train.micro_batch_size=2", "train.batch_tokens=64"]
     assert load_script("step_scale").main(argv) == 0
-    rows = {line.split("|")[1].strip(): line.split("|") for line in capsys.readouterr().out.splitlines() if line.startswith("| a") or line.startswith("| pre")}
+    rows = {
+        line.split("|")[1].strip(): line.split("|")
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| a") or line.startswith("| pre")
+    }
     assert set(rows) == {"a1", "a32", "pre"}
     angle = {k: float(r[4].split()[0]) for k, r in rows.items()}
     dlogits = {k: float(r[8]) for k, r in rows.items()}

@@ -26,11 +26,20 @@ def test_gpu_check_runs_every_check_on_cpu_and_prints_a_table():
     table = [s for s in p.stdout.splitlines() if s.startswith("| ")]
     rows = {s.split("|")[1].strip(): s.split("|")[2].strip() for s in table[1:]}
     smoke = "smoke/" + mod_paper_experiments()[0]
-    assert rows == {"compile/geonorm": "PASS", "neox/geonorm": "PASS", "fused_adamw_skip": "PASS",
-                    "train_loop/bf16": "PASS", "train_loop/fp16": "PASS", "nccl_2proc": "SKIP",
-                    "ddp_accum_resume": "SKIP", "throughput": "PASS",
-                    **{f"family/{f}": "PASS" for f in ("classic", "peri", "dyt", "geodesic", "sphere", "ngpt", "streams")},
-                    "memory/tiny/pre_ln": "PASS", "memory/tiny/geonorm": "PASS", smoke: "PASS"}, p.stdout
+    assert rows == {
+        "compile/geonorm": "PASS",
+        "neox/geonorm": "PASS",
+        "fused_adamw_skip": "PASS",
+        "train_loop/bf16": "PASS",
+        "train_loop/fp16": "PASS",
+        "nccl_2proc": "SKIP",
+        "ddp_accum_resume": "SKIP",
+        "throughput": "PASS",
+        **{f"family/{f}": "PASS" for f in ("classic", "peri", "dyt", "geodesic", "sphere", "ngpt", "streams")},
+        "memory/tiny/pre_ln": "PASS",
+        "memory/tiny/geonorm": "PASS",
+        smoke: "PASS",
+    }, p.stdout
     assert "GradScaler at 32768" in p.stdout  # the fp16 loop's NaN step backed the scale off from 2**16
     assert re.search(r"checks in \d+ s, \d+ graph\(s\) compiled in this process: no failures", p.stdout)
 

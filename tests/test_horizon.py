@@ -66,7 +66,9 @@ def test_selection_brackets_tunes_the_scalar_lr_and_tests_on_fresh_seeds(study_e
     mhc_mults = {(lr, m) for c, lr, m, s, role in trained if c == "gpt2.mhc" and role == "selection" and m != 1}
     assert mhc_mults == {(3e-3, 10.0)}                       # the scalar axis at mhc's best lr
     tests = {(c, lr, m, s) for c, lr, m, s, role in trained if role == "test"}
-    assert tests == {("gpt2.pre_ln", 1e-2, 1.0, s) for s in (2, 3, 4)} | {("gpt2.mhc", 3e-3, 10.0, s) for s in (2, 3, 4)}
+    assert tests == {("gpt2.pre_ln", 1e-2, 1.0, s) for s in (2, 3, 4)} | {
+        ("gpt2.mhc", 3e-3, 10.0, s) for s in (2, 3, 4)
+    }
     n = len(trained)
     hz.run_part(runner, part)                                 # resumable: nothing runs twice
     assert len(trained) == n
@@ -88,7 +90,9 @@ def test_the_report_compares_paired_by_seed_on_the_test_seeds(study_env, tmp_pat
     text = (tmp_path / "docs" / "horizon" / "tables.md").read_text()
     assert "### a: 4 tokens per parameter" in text and "| gpt2.mhc | 0.003 | 10 |" in text
     lines = (tmp_path / "docs" / "horizon" / "results.jsonl").read_text().splitlines()
-    assert len(lines) == 2 * len(trained) and all({"seed", "lr", "tokens", "commit"} <= set(json.loads(x)) for x in lines)
+    assert len(lines) == 2 * len(trained) and all(
+        {"seed", "lr", "tokens", "commit"} <= set(json.loads(x)) for x in lines
+    )
     assert (tmp_path / "docs" / "horizon" / "a_gap.png").stat().st_size > 5_000
 
 

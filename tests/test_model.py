@@ -211,7 +211,11 @@ def test_deepnorm_constants(n_layer):
 def test_deepnorm_beta_applies_to_exactly_v_o_mlp(init):
     n, d = 4, 128
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=V, block_size=T, n_layer=n, n_head=4, n_embd=d, norm={"name": "deepnorm", "deepnorm_init": init}))
+    model = GPT(
+        GPTConfig(
+            vocab_size=V, block_size=T, n_layer=n, n_head=4, n_embd=d, norm={"name": "deepnorm", "deepnorm_init": init}
+        )
+    )
     beta = DeepNorm.beta(n)
 
     def want(fan_out, fan_in):
@@ -326,7 +330,9 @@ def test_pre_ln_rescaled_recursion(index):
     x, _ = batch()
     with torch.no_grad():
         h = model.wte(x) + model.wpe(torch.arange(T))
-        for j, (rule, f) in enumerate([(r, s) for b in model.blocks for r, s in ((b.attn_rule, b.attn), (b.mlp_rule, b.mlp))], 1):
+        for j, (rule, f) in enumerate(
+            [(r, s) for b in model.blocks for r, s in ((b.attn_rule, b.attn), (b.mlp_rule, b.mlp))], 1
+        ):
             i = j if index == "sublayer" else (j + 1) // 2
             h = math.sqrt(i / (i + 1)) * h + f(rule.norm(h)) / math.sqrt(i + 1)
         rescaled = model.lm_head(model.output_step(h))
@@ -344,7 +350,11 @@ def test_kv_cache_incremental_equals_full_forward():
         x, _ = batch(b=2)
         full = model(x)[0]
         cache = model.new_kv_cache(2)
-        parts = [model(x[:, :5], kv_cache=cache)[0], model(x[:, 5:6], kv_cache=cache)[0], model(x[:, 6:], kv_cache=cache)[0]]
+        parts = [
+            model(x[:, :5], kv_cache=cache)[0],
+            model(x[:, 5:6], kv_cache=cache)[0],
+            model(x[:, 6:], kv_cache=cache)[0],
+        ]
         assert cache.pos == T
         assert torch.allclose(torch.cat(parts, 1), full, atol=1e-5)
         with pytest.raises(ValueError, match="block_size"):

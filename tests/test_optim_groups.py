@@ -185,7 +185,9 @@ def test_initial_step_sizes():
 ])
 def test_switches_reject_bad_values(kw, match):
     with pytest.raises(ConfigError, match=match):
-        gpt_config(**{"norm": "geonorm", "vocab_size": 64, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, **kw})
+        gpt_config(
+            **{"norm": "geonorm", "vocab_size": 64, "block_size": 16, "n_layer": 2, "n_head": 2, "n_embd": 32, **kw}
+        )
 
 
 def test_switches_through_hydra(tmp_path):
@@ -194,7 +196,12 @@ def test_switches_through_hydra(tmp_path):
     assert r["steps"] == 2
     mc = ck.load_checkpoint(ck.find_latest(tmp_path / "r"))["model_config"]
     n = mc["norm"]
-    assert (mc["tie_embeddings"], n["learn_radius"], n["decay_index"], n["alpha_init"]) == (False, False, "sublayer", 0.5)
+    assert (mc["tie_embeddings"], n["learn_radius"], n["decay_index"], n["alpha_init"]) == (
+        False,
+        False,
+        "sublayer",
+        0.5,
+    )
 
 
 def test_layer_ablation_script(tmp_path):
@@ -203,7 +210,10 @@ def test_layer_ablation_script(tmp_path):
     import importlib.util
     import json
     from pathlib import Path
-    spec = importlib.util.spec_from_file_location("layer_ablation", Path(__file__).parents[1] / "scripts" / "layer_ablation.py")
+
+    spec = importlib.util.spec_from_file_location(
+        "layer_ablation", Path(__file__).parents[1] / "scripts" / "layer_ablation.py"
+    )
     la = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(la)
     run = tmp_path / "r"

@@ -150,8 +150,9 @@ def test_eval_runs_eval_py_on_every_run_of_the_rows(tmp_path, capsys):
     assert paper.main(["spheret", "zero_shot", "--eval", "--dry-run", "--runs-root", str(tmp_path),
                        "--eval-args", "--limit 100"]) == 0
     cmds = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
-    assert len(cmds) == 2 and all("eval.py" in c and "--tasks lambada_openai,wikitext," in c and c.endswith("--limit 100")
-                                  for c in cmds)
+    assert len(cmds) == 2 and all(
+        "eval.py" in c and "--tasks lambada_openai,wikitext," in c and c.endswith("--limit 100") for c in cmds
+    )
 
 
 def test_results_file_is_data_the_tables_read():

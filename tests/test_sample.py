@@ -119,10 +119,12 @@ def test_many_samples_come_in_batches_with_progress_and_equal_one_batch_when_few
 
 def test_sample_cli_errors(tmp_path, capsys):
     ckpt = save_ckpt(tmp_path / "ckpt.pt", tiny_model())
-    for argv, needle in [((ckpt, "--prompt", "x" * (BLOCK + 3)), "prompt is 19 tokens, longer than the model's context (block_size=16)"),
-                         ((tmp_path / "nope.pt",), "does not exist"),
-                         ((tmp_path,), "no checkpoints"),
-                         ((ckpt, "--temperature", "-1"), "temperature=-1")]:
+    for argv, needle in [
+        ((ckpt, "--prompt", "x" * (BLOCK + 3)), "prompt is 19 tokens, longer than the model's context (block_size=16)"),
+        ((tmp_path / "nope.pt",), "does not exist"),
+        ((tmp_path,), "no checkpoints"),
+        ((ckpt, "--temperature", "-1"), "temperature=-1"),
+    ]:
         rc, out, err = run_sample(capsys, *argv)
         assert rc == 2 and needle in err, err
         assert len(err.strip().splitlines()) == 1 and "Traceback" not in err

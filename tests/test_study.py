@@ -103,8 +103,13 @@ def test_a_later_part_starts_from_the_recorded_bests_without_the_run_dirs(study,
 def test_a_bad_study_file_is_one_line_naming_the_key(tmp_path, change, message):
     import yaml
 
-    d = {"experiment": "fidelity", "tune": {"ladder": [1e-3, 3e-3]}, "cells": {"pre_ln": {"overrides": {"norm": "pre_ln"}, "start": 1e-3}},
-         "parts": [{"name": "grid", "kind": "grid", "sweep": "s"}], **change}
+    d = {
+        "experiment": "fidelity",
+        "tune": {"ladder": [1e-3, 3e-3]},
+        "cells": {"pre_ln": {"overrides": {"norm": "pre_ln"}, "start": 1e-3}},
+        "parts": [{"name": "grid", "kind": "grid", "sweep": "s"}],
+        **change,
+    }
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(d))
     with pytest.raises(SystemExit, match=message):
@@ -116,7 +121,9 @@ def test_unknown_study_part_and_cell_are_one_line():
         S.main(["nope"])
     with pytest.raises(SystemExit, match="unknown --cells nope"):
         S.main(["step_scale", "--cells", "nope"])
-    with pytest.raises(SystemExit, match="unknown part 'x' of study step_scale: valid parts are grid, edge, chaos, trend"):
+    with pytest.raises(
+        SystemExit, match="unknown part 'x' of study step_scale: valid parts are grid, edge, chaos, trend"
+    ):
         S.main(["step_scale", "--part", "x"])
     with pytest.raises(SystemExit, match=r"^--jobs=0: must be >= 1$"):  # not "sweep step_scale_a had failed points"
         S.main(["step_scale", "--jobs", "0", "--part", "grid"])
@@ -295,7 +302,9 @@ def test_fidelity_parts_chain_the_best_lr_then_the_best_multiplier(monkeypatch, 
         "norm": "geonorm", "norm.sublayer_input": "raw", "optim.lr": 3e-3, "optim.groups.scalars.lr_mult": float(m)}
         for m in (10, 30, 100)}, [0])
     assert runner.bests(study.part("scalars")) == {
-        "pre_ln": ({"optim.lr": 3e-3}, 2.38), "geonorm": ({"optim.lr": 3e-3, "optim.groups.scalars.lr_mult": 30.0}, 2.41)}
+        "pre_ln": ({"optim.lr": 3e-3}, 2.38),
+        "geonorm": ({"optim.lr": 3e-3, "optim.groups.scalars.lr_mult": 30.0}, 2.41),
+    }
     runner.run_part(study.part("horizon"))
     name, pts, seeds, extra = calls[-1]
     assert (name, list(pts), seeds) == ("fidelity_c", ["pre_ln-lr-0.003", "geonorm-lr-0.003-lr_mult-30"], [0, 1])

@@ -190,7 +190,9 @@ def test_lr_schedules_and_weight_decay_groups():
     assert cos(0.0) == pytest.approx(1 / 11) and cos(10.0) == pytest.approx(1.0) and cos(110.0) == pytest.approx(0.1)
     assert cos(60.0) == pytest.approx(0.55)
     wsd = LRSchedule(optim_config(dict(schedule="wsd", decay_frac=0.2, **base)), max_steps=100)
-    assert wsd(50.0) == 1.0 and wsd(80.0) == 1.0 and wsd(90.0) == pytest.approx(0.55) and wsd(100.0) == pytest.approx(0.1)
+    assert (
+        wsd(50.0) == 1.0 and wsd(80.0) == 1.0 and wsd(90.0) == pytest.approx(0.55) and wsd(100.0) == pytest.approx(0.1)
+    )
     const = LRSchedule(optim_config(dict(schedule="constant", **base)), max_steps=100)
     assert const(99.0) == 1.0
     # The tensor path (the hot loop) computes the same values.
@@ -204,18 +206,24 @@ def test_lr_schedules_and_weight_decay_groups():
     assert wd == {"matrices": 0.1, "embeddings": 0.1, "vectors": 0.0}  # pre_ln has no scalars
 
 
-@pytest.mark.parametrize("override, match", [
-    ("train.precision=fp8", r"train\.precision='fp8'.*bf16, fp16, fp32"),
-    ("optim.schedule=linear", r"unknown optim\.schedule='linear': valid are cosine, wsd, constant"),
-    ("train.batch_tokens=300", r"train\.batch_tokens=300.*multiple of .* = 4 \* 32 \* 1 = 128"),
-    ("logging.wandb.mode=sometimes", r"logging\.wandb\.mode"),
-    ("train.max_steps=0", r"train\.max_steps=0: must be a positive integer"),
-    ("+train.max_step=5", r"unknown key\(s\) train\.max_step"),
-    ("+model.foo=1", r"^unknown key\(s\) model\.foo: valid keys are block_size, "),
-    ("+norm.clamps=1", r"^unknown key\(s\) norm\.clamps: valid keys are name, kind, "),
-    ("model.n_embd=33", r"n_embd"),
-    ("train.resume=/nonexistent/ckpt.pt", r"^bad config train\.resume='/nonexistent/ckpt\.pt': checkpoint .* does not exist"),
-])
+@pytest.mark.parametrize(
+    "override, match",
+    [
+        ("train.precision=fp8", r"train\.precision='fp8'.*bf16, fp16, fp32"),
+        ("optim.schedule=linear", r"unknown optim\.schedule='linear': valid are cosine, wsd, constant"),
+        ("train.batch_tokens=300", r"train\.batch_tokens=300.*multiple of .* = 4 \* 32 \* 1 = 128"),
+        ("logging.wandb.mode=sometimes", r"logging\.wandb\.mode"),
+        ("train.max_steps=0", r"train\.max_steps=0: must be a positive integer"),
+        ("+train.max_step=5", r"unknown key\(s\) train\.max_step"),
+        ("+model.foo=1", r"^unknown key\(s\) model\.foo: valid keys are block_size, "),
+        ("+norm.clamps=1", r"^unknown key\(s\) norm\.clamps: valid keys are name, kind, "),
+        ("model.n_embd=33", r"n_embd"),
+        (
+            "train.resume=/nonexistent/ckpt.pt",
+            r"^bad config train\.resume='/nonexistent/ckpt\.pt': checkpoint .* does not exist",
+        ),
+    ],
+)
 def test_bad_overrides_fail_with_one_clear_line(tmp_path, override, match):
     with pytest.raises(ConfigError, match=match) as e:
         train(make_cfg(tmp_path, override))
@@ -238,7 +246,9 @@ def test_run_dir_checkpoints_keep_last_and_errors(tmp_path):
     with pytest.raises(ConfigError, match="already holds a run.*train.resume=auto"):
         train(make_cfg(tmp_path, "train.max_steps=4"))
     # Incompatible: another width names the field and the file.
-    with pytest.raises(ck.CheckpointError, match=r"ckpt_00000004\.pt is incompatible.*model_config\.n_embd is 32 .* but 64"):
+    with pytest.raises(
+        ck.CheckpointError, match=r"ckpt_00000004\.pt is incompatible.*model_config\.n_embd is 32 .* but 64"
+    ):
         train(make_cfg(tmp_path, "train.max_steps=8", "train.resume=auto", "model.n_embd=64"))
     # Corrupt newest checkpoint: named, with the way out.
     latest = ck.find_latest(tmp_path)
@@ -268,7 +278,9 @@ def test_resume_and_load_refuse_a_damaged_or_foreign_checkpoint_by_name(tmp_path
 
     train(make_cfg(tmp_path, "train.max_steps=2", "train.ckpt_interval=1", "train.keep_last=2"))
     # Another variant is named by norm.name, not by the first of its options that differs.
-    with pytest.raises(ck.CheckpointError, match=r"model_config\.norm\.name is 'pre_ln' in the checkpoint but 'geonorm'"):
+    with pytest.raises(
+        ck.CheckpointError, match=r"model_config\.norm\.name is 'pre_ln' in the checkpoint but 'geonorm'"
+    ):
         train(make_cfg(tmp_path, "train.max_steps=4", "train.resume=auto", "norm=geonorm"))
     # Another tokenizer is refused before its data is prepared (which can take hours).
     monkeypatch.setattr(data, "prepare_dataset", lambda cfg: pytest.fail("prepared before the check"))
@@ -280,11 +292,15 @@ def test_resume_and_load_refuse_a_damaged_or_foreign_checkpoint_by_name(tmp_path
     state = ck.load_checkpoint(latest)
     state = {**state, "model": {k: v.clone() for k, v in state["model"].items() if k != "lm_head.weight"}}
     torch.save(state, tmp_path / "partial.pt")
-    with pytest.raises(ck.CheckpointError, match=r"partial\.pt: weights do not match its model_config \(missing: lm_head\.weight\)"):
+    with pytest.raises(
+        ck.CheckpointError, match=r"partial\.pt: weights do not match its model_config \(missing: lm_head\.weight\)"
+    ):
         ck.load_model(tmp_path / "partial.pt")
     # A flipped bit in the weights fails the checksum, for resume and for eval/sample alike.
     _flip_a_weight_bit(latest)
-    with pytest.raises(ck.CheckpointError, match=r"ckpt_00000002\.pt fails its checksum \(record .*CRC-32 mismatch\).*delete it"):
+    with pytest.raises(
+        ck.CheckpointError, match=r"ckpt_00000002\.pt fails its checksum \(record .*CRC-32 mismatch\).*delete it"
+    ):
         train(make_cfg(tmp_path, "train.max_steps=4", "train.resume=auto"))
     with pytest.raises(ck.CheckpointError, match="fails its checksum"):
         ck.load_model(latest)
@@ -342,8 +358,11 @@ def test_resume_reports_config_changes_and_guards_exactness(tmp_path, caplog):
     train(make_cfg(tmp_path, "train.max_steps=2", "train.ckpt_interval=1"))
     old_cfg = (tmp_path / "config.yaml").read_text()
     # a changed seed (or data, or batch) would not continue the same data order: refused, naming the key
-    with pytest.raises(ConfigError, match=r"ckpt_00000002\.pt with train\.seed 1337 -> 7 would not continue the same data order: "
-                       r"pass train\.resume_force=true"):
+    with pytest.raises(
+        ConfigError,
+        match=r"ckpt_00000002\.pt with train\.seed 1337 -> 7 would not continue the same data order: "
+        r"pass train\.resume_force=true",
+    ):
         train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto", "train.seed=7"))
     with pytest.raises(ConfigError, match=r"with train\.batch_tokens 256 -> 512 would"):
         train(make_cfg(tmp_path, "train.max_steps=3", "train.resume=auto", "train.batch_tokens=512"))
@@ -399,7 +418,11 @@ def test_console_has_an_eta_and_an_end_of_training_summary(tmp_path, caplog):
     assert "spikes: loss 0, grad norm 0 | skipped steps 0" in text
     assert f"checkpoint {tmp_path / 'checkpoints' / 'ckpt_00000004.pt'}" in text
     assert f"metrics {tmp_path / 'metrics.jsonl'}" in text and "wandb disabled" in text
-    for cmd in (f"python eval.py {tmp_path}", f"python sample.py {tmp_path}", f"python scripts/plot_curves.py {tmp_path}"):
+    for cmd in (
+        f"python eval.py {tmp_path}",
+        f"python sample.py {tmp_path}",
+        f"python scripts/plot_curves.py {tmp_path}",
+    ):
         assert cmd in text
 
 
@@ -437,7 +460,12 @@ def test_training_and_evaluation_share_precision_names_and_auto(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
     assert D.resolve_precision("auto", cuda) == "fp32"
     assert [D.resolve_precision(n, cpu) for n in ("bf16", "fp16", "fp32")] == ["bf16", "fp16", "fp32"]
-    assert [EvalConfig(dtype=n).dtype for n in ("bfloat16", "float16", "float32", "auto")] == ["bf16", "fp16", "fp32", "auto"]
+    assert [EvalConfig(dtype=n).dtype for n in ("bfloat16", "float16", "float32", "auto")] == [
+        "bf16",
+        "fp16",
+        "fp32",
+        "auto",
+    ]
     assert D.autocast(cpu, "fp32")().__class__.__name__ == "nullcontext"
     with D.autocast(cpu, "bf16")():
         assert (torch.zeros(2, 2) @ torch.zeros(2, 2)).dtype == torch.bfloat16
@@ -486,7 +514,9 @@ def test_token_ids_outside_the_vocabulary_name_the_shard(tmp_path):
     write_shard(src / "x_val_000000.bin", np.where(np.arange(2000) == 1500, 300, 7).astype(np.uint16))
     data = ["data=local", "data.source=shards", f"data.path={src}", "data.name=llmc", "data.tokenizer=bytes",
             f"data.root={tmp_path / 'cache'}"]
-    with pytest.raises(DataError, match=r"x_val_000000\.bin: token id 300 is outside the vocabulary of bytes \(257 ids\)"):
+    with pytest.raises(
+        DataError, match=r"x_val_000000\.bin: token id 300 is outside the vocabulary of bytes \(257 ids\)"
+    ):
         train(make_cfg(tmp_path / "run", *data, "train.max_steps=1"))
 
 

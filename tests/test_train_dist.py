@@ -29,7 +29,9 @@ def run_cli(args, **kw):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", [[], ["norm=hybridnorm", "model.attn_gate=headwise"]], ids=["pre_ln", "hybridnorm-gated"])
+@pytest.mark.parametrize(
+    "model", [[], ["norm=hybridnorm", "model.attn_gate=headwise"]], ids=["pre_ln", "hybridnorm-gated"]
+)
 def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path, model):
     common = ["train.max_steps=3", "train.micro_batch_size=4", "train.batch_tokens=256", *model]  # block 32
     # 1 process: accumulation 2. 2 processes (gloo): accumulation 1 each. Same global batch per step.
@@ -37,11 +39,16 @@ def test_ddp_two_processes_equal_one_process_with_accumulation(tmp_path, model):
     p = run_cli([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
                  *TINY, *common, f"out_dir={tmp_path / 'two'}"])
     assert p.returncode == 0, p.stderr[-3000:]
-    one, two = ck.load_checkpoint(ck.find_latest(tmp_path / "one")), ck.load_checkpoint(ck.find_latest(tmp_path / "two"))
+    one, two = (
+        ck.load_checkpoint(ck.find_latest(tmp_path / "one")),
+        ck.load_checkpoint(ck.find_latest(tmp_path / "two")),
+    )
     assert two["step"] == 3 and two["rng"]["world_size"] == 2 and len(two["rng"]["per_rank"]) == 2
     for k, v in one["model"].items():
         torch.testing.assert_close(two["model"][k], v, rtol=0, atol=1e-5, msg=k)
-    moved = sum((one["model"][k] - v).abs().max().item() for k, v in ck.load_model(tmp_path / "one")[0].state_dict().items())
+    moved = sum(
+        (one["model"][k] - v).abs().max().item() for k, v in ck.load_model(tmp_path / "one")[0].state_dict().items()
+    )
     assert moved == 0  # load_model returns the saved weights
     # Losses are means over ranks: the same numbers as one process.
     l1 = [r["loss"] for r in records(tmp_path / "one", "train")]
@@ -62,10 +69,19 @@ def test_ddp_with_accumulation_on_every_rank_equals_one_process_and_resumes_exac
                 *common]
     p = run_cli([*torchrun, "train.max_steps=3", f"out_dir={tmp_path / 'two'}"])
     assert p.returncode == 0, p.stderr[-3000:]
-    one, two = ck.load_checkpoint(ck.find_latest(tmp_path / "one")), ck.load_checkpoint(ck.find_latest(tmp_path / "two"))
+    one, two = (
+        ck.load_checkpoint(ck.find_latest(tmp_path / "one")),
+        ck.load_checkpoint(ck.find_latest(tmp_path / "two")),
+    )
     for k, v in one["model"].items():
         torch.testing.assert_close(two["model"][k], v, rtol=0, atol=1e-5, msg=k)
-    run = [*torchrun, "train.max_steps=3", "train.ckpt_interval=1", "train.keep_last=5", f"out_dir={tmp_path / 'resumed'}"]
+    run = [
+        *torchrun,
+        "train.max_steps=3",
+        "train.ckpt_interval=1",
+        "train.keep_last=5",
+        f"out_dir={tmp_path / 'resumed'}",
+    ]
     assert run_cli(run).returncode == 0
     last = ck.find_latest(tmp_path / "resumed")
     last.unlink()                                          # as if killed after the save of step 2

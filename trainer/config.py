@@ -23,7 +23,8 @@ class TrainConfig:
     batch_tokens: PosInt = 8192           # global batch in tokens (grad accumulation makes up the rest)
     micro_batch_size: PosInt = 16         # sequences per rank per forward/backward
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda if available
-    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"  # auto: bf16 on CUDA when supported, else fp32; fp16 with a GradScaler
+    #: auto: bf16 on CUDA when supported, else fp32; fp16 with a GradScaler
+    precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     compile: Literal["auto", True, False] = "auto"  # torch.compile (auto: on for CUDA)
     deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise resume on CPU)
     threads: Optional[PosInt] = None      # CPU threads for torch (null: all cores); several CPU jobs at once: 1 each
@@ -37,9 +38,11 @@ class TrainConfig:
     resume_force: bool = False            # resume though train.seed, batch_tokens or data.* changed
     overwrite: bool = False               # start fresh in a run dir holding a run (deletes its checkpoints/metrics)
     stop_at: Optional[PosInt] = None      # stop (with a checkpoint) after this step, as if pre-empted
-    max_skipped: PosInt = 20              # stop after this many consecutive non-finite (skipped) steps (checked at logging steps)
+    #: stop after this many consecutive non-finite (skipped) steps (checked at logging steps)
+    max_skipped: PosInt = 20
     overfit_batch: bool = False           # train on one fixed batch (debugging, and the per-variant test)
-    inject_nan_at: Optional[PosInt] = None  # debugging: the loss is NaN from this step on (the non-finite guard; trainer/faults.py)
+    #: debugging: the loss is NaN from this step on (the non-finite guard; trainer/faults.py)
+    inject_nan_at: Optional[PosInt] = None
     inject_nan_steps: PosInt = 1          # ... for this many consecutive steps
 
     def __post_init__(self) -> None:

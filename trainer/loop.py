@@ -50,7 +50,9 @@ class Trainer:
         self.run_dir = Path(distributed.broadcast_object(str(self.rc.out_dir)))
         resume_path = self._resolve_resume()
         # before preparing data (hours, for a new tokenizer): a checkpoint of another model or tokenizer is refused now
-        resume_ckpt = resume.load_compatible(resume_path, self.rc.model, self.rc.data.tokenizer) if resume_path else None
+        resume_ckpt = (
+            resume.load_compatible(resume_path, self.rc.model, self.rc.data.tokenizer) if resume_path else None
+        )
         self._prepare_data()
         self._build_model_and_optimizer()
         self.loader, self.val = run_data.loaders(self.data_dir, self.train_cfg, self.mcfg.block_size, self.accum,
@@ -97,10 +99,12 @@ class Trainer:
         checkpoint.seed_all(train_cfg.seed)
         self.model = GPT(self.mcfg).to(self.device)
         checkpoint.seed_all(checkpoint.rank_seed(train_cfg.seed, self.dist.rank))
-        self.optim_cfg = for_variant(self.optim_cfg, self.model.variant)  # what the variant fixes (nGPT: no decay, no warmup)
+        # what the variant fixes (nGPT: no decay, no warmup)
+        self.optim_cfg = for_variant(self.optim_cfg, self.model.variant)
         self.opt = build_optimizer(self.model, self.optim_cfg, self.device)
         self.sched = LRSchedule(self.optim_cfg, train_cfg.max_steps)
-        if self.optim_cfg.warmup_steps >= train_cfg.max_steps:  # the last update (max_steps - 1) is still inside the warmup
+        # the last update (max_steps - 1) is still inside the warmup
+        if self.optim_cfg.warmup_steps >= train_cfg.max_steps:
             log.warning(f"optim.warmup_steps={self.optim_cfg.warmup_steps} >= train.max_steps={train_cfg.max_steps}: "
                         f"the run ends inside the warmup and never reaches the peak optim.lr={self.optim_cfg.lr}")
         self.scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
@@ -160,8 +164,10 @@ class Trainer:
         train_cfg, log_cfg = self.train_cfg, self.log_cfg
         result = {"run_dir": str(self.run_dir), "stopped": None, "diverged": False}
         if self.step >= train_cfg.max_steps and self.dist.is_main:
-            log.warning(f"run {self.run_dir} is already complete (step {self.step}, train.max_steps={train_cfg.max_steps}); "
-                        f"to train further, pass a larger train.max_steps with train.resume=auto")
+            log.warning(
+                f"run {self.run_dir} is already complete (step {self.step}, train.max_steps={train_cfg.max_steps}); "
+                f"to train further, pass a larger train.max_steps with train.resume=auto"
+            )
         if self.step == 0:
             self.evaluate()
             x, y = (t.to(self.device) for t in self.loader.get_batch(0, 0))  # step 1's first micro-batch
@@ -318,8 +324,9 @@ class Trainer:
         rng = distributed.gather_objects(checkpoint.rng_state())  # every rank's streams, for an exact resume
         path = None
         if self.dist.is_main:
-            path = checkpoint.save_checkpoint(resume.state(self, rng), self.run_dir, self.step, self.train_cfg.keep_last,
-                                              self.train_cfg.ckpt_steps)
+            path = checkpoint.save_checkpoint(
+                resume.state(self, rng), self.run_dir, self.step, self.train_cfg.keep_last, self.train_cfg.ckpt_steps
+            )
             if self.log_cfg.console:
                 log.info(f"saved {path}")
         distributed.barrier()

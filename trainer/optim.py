@@ -30,17 +30,20 @@ OPTIMIZERS = Registry("optim.name")
 class GroupConfig:
     """One optimizer parameter group: lr = the schedule's lr x lr_mult; weight_decay null = optim.weight_decay."""
     lr_mult: Positive = 1.0               # lr = the schedule's lr x lr_mult
-    weight_decay: Optional[Annotated[float, Range(0, note="(null: optim.weight_decay)")]] = None  # null = optim.weight_decay
+    #: null = optim.weight_decay
+    weight_decay: Optional[Annotated[float, Range(0, note="(null: optim.weight_decay)")]] = None
 
 
 @dataclass(frozen=True)
 class GroupsConfig:
     """The model's parameter groups (GPT.parameter_groups). Defaults = plain AdamW with decay on
     matrices and embeddings only (nanoGPT's p.dim() >= 2 rule)."""
-    matrices: GroupConfig = field(default_factory=GroupConfig)    # attention/MLP weights (Muon's group under optim=muon)
+    #: attention/MLP weights (Muon's group under optim=muon)
+    matrices: GroupConfig = field(default_factory=GroupConfig)
     embeddings: GroupConfig = field(default_factory=GroupConfig)  # token/position embeddings, untied head
     vectors: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))  # norm gains/biases, biases
-    scalars: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))  # learned step sizes (a, b, rho, g)
+    #: learned step sizes (a, b, rho, g)
+    scalars: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))
 
     @staticmethod
     def names() -> tuple:
@@ -57,12 +60,15 @@ class OptimConfig:
     its own keys; `schedule` is the LR schedule's Options (its name on the command line, `optim.schedule`,
     its keys beside the others: `optim.decay_frac`; a file may nest them, `schedule: {name: wsd,
     decay_frac: 0.4}`, so that naming another schedule drops them). `optim_config` builds the pair."""
-    name: str = "adamw"                   # the optimizer: adamw | muon (Muon for the matrices group, AdamW for the rest)
+    #: the optimizer: adamw | muon (Muon for the matrices group, AdamW for the rest)
+    name: str = "adamw"
     lr: Positive = 1e-3                   # peak learning rate of the schedule (finite: inf trains to NaN weights)
     min_lr: NonNeg = 1e-4                 # floor: cosine decays to it, wsd's final decay ends at it
     weight_decay: NonNeg = 0.1            # decoupled weight decay (groups with weight_decay null)
-    grad_clip: Annotated[float, Range(0, note="(0 = no clipping)")] = 1.0  # max global grad norm; 0 = no clipping (the norm is still logged)
-    schedule: Any = field(default_factory=lambda: SCHEDULES[ScheduleOptions.name].Options())  # the LR schedule (trainer/schedules.py): cosine | wsd | constant
+    #: max global grad norm; 0 = no clipping (the norm is still logged)
+    grad_clip: Annotated[float, Range(0, note="(0 = no clipping)")] = 1.0
+    #: the LR schedule (trainer/schedules.py): cosine | wsd | constant
+    schedule: Any = field(default_factory=lambda: SCHEDULES[ScheduleOptions.name].Options())
     warmup_steps: NonNegInt = 50          # linear warmup (all schedules)
     groups: GroupsConfig = field(default_factory=GroupsConfig)  # per parameter group: lr = schedule x lr_mult
 

@@ -60,9 +60,11 @@ def decide(train_cfg, run_dir: Path) -> tuple[str, Optional[str]]:
         if latest is None:
             done = last_recorded_step(metrics)
             if done and not train_cfg.overwrite:  # its checkpoints were lost (or never written): say so
-                return "error", (f"run dir {run_dir} records training up to step {done} but has no checkpoint in "
-                                 f"{ckpt_dir(run_dir)}: restore the checkpoints to resume, or pass train.overwrite=true "
-                                 "to start over (its records are then removed)")
+                return "error", (
+                    f"run dir {run_dir} records training up to step {done} but has no checkpoint in "
+                    f"{ckpt_dir(run_dir)}: restore the checkpoints to resume, or pass train.overwrite=true "
+                    "to start over (its records are then removed)"
+                )
             truncate_jsonl(metrics, -1)  # nothing to continue: the records are stale
         return "ok", str(latest) if latest else None
     if train_cfg.resume != "none":
@@ -267,7 +269,8 @@ class StopSignal:
     previous step's result, which has long arrived. A signal is acted on one step after the step it came
     in, with no blocking per step."""
 
-    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")  # SIGINT: Ctrl-C saves too, instead of losing the steps since the last save
+    # SIGINT: Ctrl-C saves too, instead of losing the steps since the last save
+    SIGNALS = ("SIGTERM", "SIGUSR1", "SIGINT")
     _BASE = 2.0 ** 52  # the flag is _BASE - step: its max over ranks names the earliest signalled step
 
     def __init__(self):
@@ -391,7 +394,9 @@ def restore(tr, path: Path, ckpt: Optional[dict] = None) -> bool:
     try:
         tr.opt.load_state_dict(ckpt["optimizer"])  # and its groups' LR tensors and settings again
     except (RuntimeError, ValueError, KeyError) as e:
-        raise checkpoint.CheckpointError(f"checkpoint {path} does not fit this optimizer: {str(e).splitlines()[0]}") from None
+        raise checkpoint.CheckpointError(
+            f"checkpoint {path} does not fit this optimizer: {str(e).splitlines()[0]}"
+        ) from None
     s = ckpt["scheduler"]
     tr.updates.fill_(s["updates"])
     tr.skipped.fill_(s["skipped_total"])

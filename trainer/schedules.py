@@ -80,7 +80,8 @@ class WarmupStableDecay(Schedule):
 
     @dataclass(frozen=True)
     class Options(ScheduleOptions):
-        decay_frac: Annotated[float, Range(0, 1, "(]")] = 0.2  # the last fraction of train.max_steps decays linearly to min_lr
+        #: the last fraction of train.max_steps decays linearly to min_lr
+        decay_frac: Annotated[float, Range(0, 1, "(]")] = 0.2
 
     def main(self, u, ops):
         start = self.max_steps - max(1, round(self.options.decay_frac * self.max_steps))
