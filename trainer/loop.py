@@ -25,11 +25,12 @@ from .monitor import (IntervalTimer, Spikes, StatsInputs, block_grad_norms, peak
                       train_record, validation_loss)
 from .optim import LRSchedule, build_optimizer, for_variant
 from .sinks import Sink, open_run_sinks, start_line, summary_record
+from .state import TrainerState
 
 log = logging.getLogger("nanonorm.train")
 
 
-class Trainer:
+class Trainer(TrainerState):
     def __init__(self, rc: RunConfig, dist: distributed.Runtime, sinks: Optional[list] = None):
         self.rc, self.dist = rc, dist
         self.train_cfg, self.optim_cfg, self.log_cfg = rc.train, rc.optim, rc.logging
@@ -58,8 +59,11 @@ class Trainer:
         self.loader, self.val = run_data.loaders(self.data_dir, self.train_cfg, self.mcfg.block_size, self.accum,
                                                  self.dist)
         self._init_run_state()
-        # a resume loads the run's state (trainer/resume.py) and says whether the config differs from its
-        config_changed = resume.restore(self, resume_path, resume_ckpt) if resume_path is not None else False
+        config_changed = False
+        if resume_ckpt is not None:  # warn about (or refuse) config changes, then load the run's state
+            config_changed = resume.check_config_changes(resume_path, self.rc.composed, resume_ckpt.get("config") or {},
+                                                         self.train_cfg.resume_force)
+            self.load_state_dict(resume_ckpt, resume_path)
         self.branched = resume_path is not None and self.run_dir.resolve() not in resume_path.resolve().parents
         if self.branched:  # another run's checkpoint (a cooldown branch): a run of its own from that step
             self.wandb_run_id, self.train_s_before, config_changed = None, 0.0, False
@@ -325,7 +329,7 @@ class Trainer:
         path = None
         if self.dist.is_main:
             path = checkpoint.save_checkpoint(
-                resume.state(self, rng), self.run_dir, self.step, self.train_cfg.keep_last, self.train_cfg.ckpt_steps
+                self.state_dict(rng), self.run_dir, self.step, self.train_cfg.keep_last, self.train_cfg.ckpt_steps
             )
             if self.log_cfg.console:
                 log.info(f"saved {path}")

@@ -340,7 +340,7 @@ class StopSignal:
         self._previous.clear()
 
 
-# --- what a checkpoint holds of a run, and continuing from one -------------------------------------
+# --- stopping as diverged, and a checkpoint checked before its data is prepared ---------------------
 
 def diverged_message(s: int, consec: int, limit: int, log_interval: int) -> str:
     """Why a run stops as diverged. The count is read at logging steps (no per-step host sync), so it can
@@ -351,26 +351,6 @@ def diverged_message(s: int, consec: int, limit: int, log_interval: int) -> str:
             f"those after step {s - consec}")
 
 
-def state(tr, rng_per_rank: list) -> dict:
-    """The checkpoint of trainer `tr` (rank 0): model, optimizer, schedule counters, monitors, every
-    rank's RNG streams (`rng_per_rank`), the data position, the config, and the training time so far."""
-
-    return {
-        "model": tr.model.state_dict(), "model_config": tr.mcfg.to_dict(),
-        "tokenizer": tr.tokenizer_name, "data_dir": str(tr.data_dir),
-        "optimizer": tr.opt.state_dict(),
-        "scheduler": {"updates": tr.updates.item(),
-                      "skipped_total": int(tr.skipped.item()), "consecutive_skipped": int(tr.consec.item()),
-                      "scaler": tr.scaler.state_dict() if tr.scaler else None},
-        "monitor": {**tr.spikes.state_dict(), "best_val_loss": tr.best_val, "last_val": tr.last_val},
-        "rng": {"world_size": tr.dist.world_size, "per_rank": rng_per_rank},
-        "loader": tr.loader.state_dict(),
-        "config": tr.rc.composed,
-        "wandb_run_id": tr.wandb_run_id,
-        "train_s": tr._train_s(),  # all segments up to this checkpoint (the summary's train_s)
-    }
-
-
 def load_compatible(path: Path, model_config, tokenizer: str) -> dict:
     """The checkpoint at `path`, loaded (memory-mapped) and checked to be of this model and tokenizer."""
     from runtime import checkpoint
@@ -378,44 +358,3 @@ def load_compatible(path: Path, model_config, tokenizer: str) -> dict:
     ckpt = checkpoint.load_checkpoint(path)
     check_compatible(path, ckpt, model_config.to_dict(), tokenizer)
     return ckpt
-
-
-def restore(tr, path: Path, ckpt: Optional[dict] = None) -> bool:
-    """Continue trainer `tr` from checkpoint `path` (`ckpt`: as load_compatible returned it): check that it
-    is the same model, warn about (or refuse) config changes, load every part of `state`. Returns whether
-    the config changed."""
-
-    from runtime import checkpoint
-
-    if ckpt is None:
-        ckpt = load_compatible(path, tr.mcfg, tr.tokenizer_name)
-    config_changed = check_config_changes(path, tr.rc.composed, ckpt.get("config") or {}, tr.train_cfg.resume_force)
-    checkpoint.load_weights(tr.model, ckpt["model"], path, "this model")
-    try:
-        tr.opt.load_state_dict(ckpt["optimizer"])  # and its groups' LR tensors and settings again
-    except (RuntimeError, ValueError, KeyError) as e:
-        raise checkpoint.CheckpointError(
-            f"checkpoint {path} does not fit this optimizer: {str(e).splitlines()[0]}"
-        ) from None
-    s = ckpt["scheduler"]
-    tr.updates.fill_(s["updates"])
-    tr.skipped.fill_(s["skipped_total"])
-    tr.consec.fill_(s["consecutive_skipped"])
-    if tr.scaler is not None and s.get("scaler"):
-        tr.scaler.load_state_dict(s["scaler"])
-    m = ckpt.get("monitor") or {}
-    if m:
-        tr.spikes.load_state_dict(m)
-        tr.best_val, tr.last_val = m["best_val_loss"], m["last_val"]
-    tr.loader.load_state_dict(ckpt["loader"])
-    rng = ckpt["rng"]
-    if rng.get("world_size") == tr.dist.world_size:
-        checkpoint.set_rng_state(rng["per_rank"][tr.dist.rank])
-    else:  # a different world size cannot continue every rank's streams: derive fresh ones
-        log.warning(f"resuming {path} with world size {tr.dist.world_size} (saved with {rng.get('world_size')}): "
-                    f"RNG streams re-derived; data order is unchanged")
-        checkpoint.seed_all(checkpoint.rank_seed(tr.train_cfg.seed + ckpt["step"], tr.dist.rank))
-    tr.step = int(ckpt["step"])
-    tr.wandb_run_id = ckpt.get("wandb_run_id")
-    tr.train_s_before = float(ckpt.get("train_s") or 0.0)  # absent in older checkpoints
-    return config_changed
