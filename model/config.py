@@ -1,6 +1,6 @@
 """GPTConfig: the one typed description of a model, validated once at construction. The `model` group's
 defaults and docs are written here once; the `norm` group is the chosen variant's own `Options`
-(model/variants.py), so a key the variant does not read is one line naming the keys it does."""
+(model/variants/), so a key the variant does not read is one line naming the keys it does."""
 from __future__ import annotations
 
 import math

@@ -257,7 +257,7 @@ class GPT(nn.Module):
         vectors (norm gains and biases, linear biases), scalars (learned step sizes and gates).
 
         Linear and Embedding layers are classified here; any other module declares its parameters
-        in a class attribute `optim_groups = {param_name: group}` (see model/norms.py, variants.py),
+        in a class attribute `optim_groups = {param_name: group}` (see model/norms.py, model/variants/),
         so a new variant states its groups next to its parameters. An undeclared parameter is a bug."""
         groups: Dict[str, List[Tuple[str, nn.Parameter]]] = {g: [] for g in PARAM_GROUPS}
         seen = set()

@@ -1,0 +1,245 @@
+"""The sphere family: GeoNorm (a geodesic rotation) and the SpheretNorms (retractions), with their
+shared options and update (the maths is in model/sphere.py)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal, Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common.config import Finite, Range, bad
+
+from ..decay import DECAYS, decay_factor
+from ..norms import make_norm
+from ..sphere import spheret_angle, sphere_update
+
+from .base import NormOptions, Variant, register
+
+
+# p of a SpheretNorm retraction: > 0, .inf the exponential map
+RetractionP = Annotated[float, Range(0, math.inf, "(]", "(.inf in YAML for the exponential map)")]
+
+
+@dataclass
+class SphereOptions(NormOptions):
+    """The `norm.*` keys of the sphere family (GeoNorm, the SpheretNorms)."""
+    decay: str = "none"               # step decay lambda: none | harmonic | sqrt | linear
+    decay_index: Literal["block", "sublayer"] = "block"  # lambda indexed by block k of N, or by sublayer j+1 of 2N
+    #: F reads the raw stream h (raw) or Norm(h) (norm; GeoNorm's default)
+    sublayer_input: Literal["raw", "norm"] = "raw"
+    #: initial step sizes set so the mean angle at init is this (rad); null: the _init value
+    target_angle: Optional[float] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        DECAYS[self.decay]
+        if self.target_angle is not None and not 0 < self.target_angle < self.angle_bound():
+            bad("norm.target_angle", self.target_angle, f"must be a number in (0, {self.angle_bound():.4g}) rad "
+                "(the rule's bound), or null")
+
+    def angle_bound(self) -> float:
+        """The largest angle the rule can produce: bounds norm.target_angle, and the monitor reports the
+        share of tokens near it."""
+        return math.inf
+
+
+class _SphereVariant(Variant):
+    """Shared plumbing of the sphere family: F sees h directly, the update is a rotation of h."""
+
+    Options = SphereOptions
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        # lambda indexed by block k of N (default, attention and MLP of a block share it) or by
+        # sublayer j+1 of 2N (`norm.decay_index=sublayer`): the papers do not say which [choice].
+        idx, n = (self.k, cfg.n_layer) if cfg.norm.decay_index == "block" else (j + 1, 2 * cfg.n_layer)
+        self.lam = decay_factor(cfg.norm.decay, idx, n)
+        self.track = False                       # the monitor turns this on at stats steps
+        self.last_theta: Optional[torch.Tensor] = None
+        # `norm.sublayer_input=norm`: F reads Norm(h) instead of the raw stream (the papers write F(h);
+        # raw for the SpheretNorms, norm for GeoNorm: our choices). The rotation still acts on the raw h.
+        self.in_norm = make_norm(cfg) if cfg.norm.sublayer_input == "norm" else None
+        self._record_r: Optional[list] = None    # calibrate() collects the raw steps r here
+        self.bound = cfg.norm.angle_bound()      # the largest angle the rule can produce (its Options say)
+
+    def angle(self, r: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        """Rotation angle from r = ||v||/||h|| and the learnable scalars `params`."""
+        raise NotImplementedError
+
+    def angle_params(self):
+        return ()
+
+    def angle_bound(self) -> float:
+        """The largest angle the rule can produce (the monitor reports the share of tokens near it)."""
+        return self.bound
+
+    def scale_for(self, r: torch.Tensor, target: float) -> float:
+        """The initial step-size value that turns tokens with raw step r = ||v||/||h|| (the mean over a
+        batch) by `target` on average; the variant's inverse of its angle rule."""
+        raise NotImplementedError
+
+    def set_initial_scale(self, value: float) -> None:
+        raise NotImplementedError
+
+    @classmethod
+    def init_weights(cls, model):
+        if model.config.norm.target_angle is not None:  # `norm.target_angle`: the step-0 calibration
+            cls.calibrate(model, model.config.norm.target_angle)
+
+    @classmethod
+    @torch.no_grad()
+    def calibrate(cls, model, target):
+        """`norm.target_angle`: sublayer by sublayer (each sees the ones before it calibrated), measure
+        the raw step r on a fixed batch of random tokens (its own generator: the model's RNG stream is
+        untouched) and set the initial scalar so that the mean angle is `target`. A rule, not a
+        constant: it holds at any width and depth (docs/variants.md, "Switches for open choices")."""
+        cfg = model.config
+        g = torch.Generator().manual_seed(0)
+        x = torch.randint(0, cfg.vocab_size, (4, min(cfg.block_size, 64)), generator=g,
+                          device=model.wte.weight.device)
+        was_training = model.training
+        model.eval()
+        for rule in model.rules():
+            rule.set_initial_scale(1.0)
+        for rule in model.rules():
+            seen = []
+            rule._record_r = seen
+            model(x)
+            rule._record_r = None
+            rule.set_initial_scale(rule.scale_for(seen[0], target))  # from the mean raw step over the batch
+        model.train(was_training)
+
+    def forward(self, h, f):
+        s = f(h if self.in_norm is None else self.in_norm(h))
+        angle = self.angle
+        if self._record_r is not None:
+            def angle(r, *params):
+                self._record_r.append(r.detach().float().mean().item())
+                return self.angle(r, *params)
+        h_new, theta = sphere_update(h, s, angle, self.angle_params())
+        if self.track:
+            self.last_theta = theta.detach()
+        return h_new
+
+
+@register("geonorm")
+class GeoNorm(_SphereVariant):
+    """GeoNorm (Zheng et al., arXiv 2601.22095, Eq. 3-5 and Appendix D): h = e [choice];
+    v = s - (<s,h>/||h||^2) h;  theta0 = min(c, ||v||/||h||);  theta = min(c, (a*theta0 + b)*lambda_k);
+    h <- cos(theta) h + sin(theta) ||h|| v/||v||;  output Norm(h) [choice].
+    a (init `norm.a_init`, 1) and b (init 0) are learnable float scalars per sublayer; lambda_k from `norm.decay`."""
+
+    @dataclass
+    class Options(SphereOptions):
+        decay: str = "harmonic"       # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
+        clamp: Annotated[float, Range(0, math.pi, "(]", "(3.14159 = pi)")] = math.pi / 4  # angle clamp c (pi/4)
+        a_init: Finite = 1.0          # a at init
+        # Attention and the MLP read Norm(h): GeoNorm's stream keeps the embedding's radius, so the raw h
+        # (the other choice, `raw`) makes its first attention logits ~1e-3 of Pre-LN's (our choice; the
+        # paper does not say what its sublayers read; docs/step_scale_study.md).
+        sublayer_input: Literal["raw", "norm"] = "norm"
+
+        def angle_bound(self):
+            return self.clamp
+
+    optim_groups = {"a": "scalars", "b": "scalars"}
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.clamp = cfg.norm.clamp
+        self.a = nn.Parameter(torch.tensor(float(cfg.norm.a_init)))
+        self.b = nn.Parameter(torch.tensor(0.0))
+
+    def angle_params(self):
+        return (self.a, self.b)
+
+    def scale_for(self, r, target):
+        # theta = min(c, a * min(c, r) * lambda) at b = 0: a = target / (lambda r), the target below c
+        return target / (self.lam * min(self.clamp, r))
+
+    def set_initial_scale(self, value):
+        self.a.fill_(value)
+
+    def angle(self, r, a, b):
+        theta0 = r.clamp(max=self.clamp)                           # clamp before decay
+        return ((a * theta0 + b) * self.lam).clamp(max=self.clamp)  # and after
+
+    def step_sizes(self):
+        return {"a": self.a.detach(), "b": self.b.detach()}
+
+
+def _inverse_softplus(a: float) -> float:
+    """rho with softplus(rho) = a; the second form does not overflow for large a (expm1 does past ~709)."""
+    return math.log(math.expm1(a)) if a < 700 else a + math.log1p(-math.exp(-a))
+
+
+@register("spheret")
+class SpheretNorm(_SphereVariant):
+    """p-SpheretNorm (Sphere Retraction Normalizations, arXiv 2608.02668):
+    input step ScaleNorm h = g sqrt(d) e/||e||;  z = s - (<s,h>/||h||^2) h;
+    beta = alpha_k lambda_k ||z||/||h||;  theta = p atan(beta/p) (theta = beta for p = inf);
+    h <- cos(theta) h + sin(theta) ||h|| z/||z||;  output Norm(h) [choice].
+    alpha_k = softplus(rho) per sublayer, initialised to `norm.alpha_init` (1); lambda_k = 1/sqrt(k) by default."""
+
+    @dataclass
+    class Options(SphereOptions):
+        fixed_p: ClassVar[Optional[float]] = None  # set by the variants that are one member of the p-family
+        decay: str = "sqrt"           # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
+        embed_norm: str = "scalenorm" # input step: none | layer | scalenorm | unit
+        p: RetractionP = 1.0          # p of the retraction (> 0; .inf = the exponential map)
+        alpha_init: Annotated[float, Range(0, math.inf, "()", "(softplus(rho) at init)")] = 1.0  # softplus(rho) at init
+
+        def __post_init__(self):
+            super().__post_init__()
+            if self.fixed_p is not None and self.p != self.fixed_p:
+                bad("norm.p", self.p, f"norm.name={self.name} means p={self.fixed_p:g}; use norm=spheret to choose p")
+
+        def angle_bound(self):
+            return self.p * math.pi / 2  # p atan(beta/p) < p pi/2; inf for the exponential map
+
+    optim_groups = {"rho": "scalars"}
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.p = cfg.norm.p
+        self.rho = nn.Parameter(torch.tensor(_inverse_softplus(cfg.norm.alpha_init)))
+
+    def angle_params(self):
+        return (self.rho,)
+
+    def scale_for(self, r, target):
+        # theta = p atan(alpha lambda r / p): alpha = p tan(target / p) / (lambda r); target / (lambda r) at p = inf
+        beta = target if math.isinf(self.p) else self.p * math.tan(target / self.p)
+        return beta / (self.lam * r)
+
+    def set_initial_scale(self, value):
+        self.rho.fill_(_inverse_softplus(value))
+
+    def angle(self, r, rho):
+        return spheret_angle(F.softplus(rho) * self.lam * r, self.p)
+
+    def step_sizes(self):
+        return {"alpha": F.softplus(self.rho.detach())}
+
+
+@register("proj_spheret")
+class ProjSpheretNorm(SpheretNorm):
+    """1-SpheretNorm: the metric-projection retraction ||h|| (h+u)/||h+u|| (p = 1)."""
+
+    @dataclass
+    class Options(SpheretNorm.Options):
+        fixed_p: ClassVar[Optional[float]] = 1.0
+        p: RetractionP = 1.0          # fixed: 1 (use norm=spheret to choose p)
+
+
+@register("cay_spheret")
+class CaySpheretNorm(SpheretNorm):
+    """2-SpheretNorm: the Cayley retraction (p = 2)."""
+
+    @dataclass
+    class Options(SpheretNorm.Options):
+        fixed_p: ClassVar[Optional[float]] = 2.0
+        p: RetractionP = 2.0          # fixed: 2 (use norm=spheret to choose p)

@@ -1,0 +1,178 @@
+"""Hyper-connections and mHC: n copies of the residual stream, mixed by learned (doubly stochastic)
+matrices."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from common.config import PosInt
+
+from ..norms import make_input_step, make_norm
+
+from .base import NormOptions, Variant, register
+
+
+@dataclass
+class StreamOptions(NormOptions):
+    streams: PosInt = 4               # n: copies of the residual stream (the expansion rate; the papers' 4)
+    dynamic: bool = False             # coefficients also computed from the stream (the papers' dynamic form)
+
+
+class _WideStream(Variant):
+    """Shared plumbing of the variants whose stream is n copies of width d, H: [B, T, n, d]: the input
+    step copies the token n times, the output step reads the sum over the copies, and the monitor
+    (stream_view) sees that sum. Each sublayer reads a weighted sum of the copies through a Pre-Norm,
+    F(Norm(x)), and writes to every copy: H <- mix(H) + post (x) F(Norm(x)) (subclasses: the weights)."""
+
+    Options = StreamOptions
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.n, self.norm = cfg.norm.streams, make_norm(cfg)
+
+    def weights(self, H):
+        """(pre [.., n], mix [.., n, n], post [.., n]) for the stream H [B, T, n, d]: x = sum_i pre_i H_i,
+        H'_i = sum_j mix_ij H_j + post_i F(Norm(x))."""
+        raise NotImplementedError
+
+    def forward(self, H, f):
+        # Broadcast products and sums, not einsum: autocast would run a matmul in bf16 (its backward too,
+        # under torch.compile) and the stream would leave float32. n is small: n products of [B, T, n, d].
+        pre, mix, post = self.weights(H)
+        y = f(self.norm((pre.unsqueeze(-1) * H).sum(-2)))
+        out = post.unsqueeze(-1) * y.unsqueeze(-2)
+        for k in range(self.n):                      # H'_m += mix_mk H_k, for every m at once
+            out = out + mix[..., :, k, None] * H[..., k, None, :]
+        return out
+
+    @staticmethod
+    def stream_view(H):
+        return H.sum(-2)
+
+    @classmethod
+    def input_step(cls, cfg):
+        return _Expand(make_input_step(cfg), cfg.norm.streams)
+
+    @classmethod
+    def output_step(cls, cfg):
+        return _Reduce(make_norm(cfg) if cfg.norm.final_norm else nn.Identity())
+
+
+class _Expand(nn.Module):
+    def __init__(self, step, n):
+        super().__init__()
+        self.step, self.n = step, n
+
+    def forward(self, e):
+        h = self.step(e)
+        return h.unsqueeze(-2).expand(*h.shape[:-1], self.n, h.shape[-1]).contiguous()
+
+
+class _Reduce(nn.Module):
+    def __init__(self, norm):
+        super().__init__()
+        self.norm = norm
+
+    def forward(self, H):
+        return self.norm(H.sum(-2))
+
+
+@register("hc")
+class HyperConnections(_WideStream):
+    """Hyper-connections (Zhu et al., arXiv 2409.19606, Eq. 1-5 and Appendix J): the stream widened to n
+    copies H; sublayer j reads x = A_m^T H and writes H <- A_r^T H + B^T F(Norm(x)). Static init: A_m the
+    one-hot of copy j mod n, A_r = I, B = 1 (so at init the sum of the copies is n times Pre-LN's stream).
+    Dynamic (`norm.dynamic`): A(H) = s_a tanh(Norm(H) W) + A, B(H) = s_b tanh(Norm(H) W_b) + B, W zero and
+    s_a = s_b = 0.01 at init (the paper's)."""
+
+    optim_groups = {"a_m": "scalars", "a_r": "scalars", "b": "scalars", "w_m": "scalars", "w_r": "scalars",
+                    "w_b": "scalars", "s_a": "scalars", "s_b": "scalars"}
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        n, d = self.n, cfg.n_embd
+        self.a_m = nn.Parameter(F.one_hot(torch.tensor(j % n), n).float())
+        self.a_r = nn.Parameter(torch.eye(n))
+        self.b = nn.Parameter(torch.ones(n))
+        self.dyn = make_norm(cfg) if cfg.norm.dynamic else None
+        if self.dyn is not None:
+            self.w_m, self.w_r, self.w_b = (nn.Parameter(torch.zeros(d, k)) for k in (1, n, 1))
+            self.s_a, self.s_b = nn.Parameter(torch.tensor(0.01)), nn.Parameter(torch.tensor(0.01))
+
+    def weights(self, H):
+        a_m, a_r, b = self.a_m, self.a_r, self.b
+        if self.dyn is not None:
+            hn = self.dyn(H)
+            a_m = a_m + self.s_a * torch.tanh(hn @ self.w_m).squeeze(-1)
+            a_r = a_r + self.s_a * torch.tanh(hn @ self.w_r)
+            b = b + self.s_b * torch.tanh(hn @ self.w_b).squeeze(-1)
+        return a_m, a_r.transpose(-1, -2), b          # H'_i = sum_j (A_r)_ji H_j
+
+    def step_sizes(self):
+        return mixing_stats(self.a_r.detach())
+
+
+def mixing_stats(res: torch.Tensor) -> Dict[str, torch.Tensor]:
+    """How far a stream-mixing matrix (static part) is from the identity, the matrix of n independent
+    copies: the mean over rows of the off-diagonal mass sum_j!=i |M_ij|, and ||M - I||_F."""
+    n = res.shape[-1]
+    eye = torch.eye(n, dtype=res.dtype, device=res.device)
+    return {"offdiag_mass": (res.abs() * (1 - eye)).sum() / n, "res_dist_identity": (res - eye).square().sum().sqrt()}
+
+
+def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
+    """exp(logits) projected towards the doubly stochastic matrices (Sinkhorn-Knopp), in the log domain:
+    rows, then columns normalised `iters` times; the last step makes the columns sum to 1 exactly."""
+    z = logits.float()
+    for _ in range(iters):
+        z = z - torch.logsumexp(z, dim=-1, keepdim=True)
+        z = z - torch.logsumexp(z, dim=-2, keepdim=True)
+    return z.exp()
+
+
+@dataclass
+class ManifoldStreamOptions(StreamOptions):
+    sinkhorn_iters: PosInt = 20       # Sinkhorn-Knopp iterations of H_res (the paper's t_max)
+
+
+@register("mhc")
+class ManifoldHyperConnections(_WideStream):
+    """Manifold-constrained hyper-connections (Xie et al., arXiv 2512.24880, Eq. 3-8): x = H_pre H,
+    H <- H_res H + H_post^T F(Norm(x)), with H_pre = sigmoid(.), H_post = 2 sigmoid(.) and H_res the
+    Sinkhorn-Knopp projection of exp(.) onto the doubly stochastic matrices (rows and columns sum to 1:
+    the mixing neither amplifies nor loses the stream). Each (.) is a static logit b, plus, dynamic,
+    a (RMSNorm(vec H) W) with W zero and a = 0.01 at init. Init [choice, as the reference code]: H_res
+    near I (logits 0 on the diagonal, -8 off it), H_pre near the one-hot of copy j mod n, H_post = 1."""
+
+    Options = ManifoldStreamOptions
+    optim_groups = {"b_pre": "scalars", "b_res": "scalars", "b_post": "scalars", "w_pre": "scalars",
+                    "w_res": "scalars", "w_post": "scalars", "a_pre": "scalars", "a_res": "scalars",
+                    "a_post": "scalars"}
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        n, d = self.n, cfg.n_embd
+        self.iters = cfg.norm.sinkhorn_iters
+        self.b_pre = nn.Parameter(torch.full((n,), -8.0).index_fill_(0, torch.tensor(j % n), 8.0))
+        self.b_res = nn.Parameter(torch.full((n, n), -8.0).fill_diagonal_(0.0))
+        self.b_post = nn.Parameter(torch.zeros(n))
+        self.dynamic = cfg.norm.dynamic
+        if self.dynamic:
+            self.w_pre, self.w_res, self.w_post = (nn.Parameter(torch.zeros(n * d, k)) for k in (n, n * n, n))
+            self.a_pre, self.a_res, self.a_post = (nn.Parameter(torch.tensor(0.01)) for _ in range(3))
+
+    def weights(self, H):
+        pre, res, post = self.b_pre, self.b_res, self.b_post
+        if self.dynamic:
+            v = F.rms_norm(H.flatten(-2).float(), (H.shape[-2] * H.shape[-1],)).to(H.dtype)   # vec(H), normalised
+            pre = pre + self.a_pre * (v @ self.w_pre)
+            res = res + self.a_res * (v @ self.w_res).unflatten(-1, (self.n, self.n))
+            post = post + self.a_post * (v @ self.w_post)
+        return torch.sigmoid(pre), sinkhorn(res, self.iters).to(H.dtype), 2 * torch.sigmoid(post)
+
+    def step_sizes(self):
+        return mixing_stats(sinkhorn(self.b_res.detach(), self.iters))
