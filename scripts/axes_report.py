@@ -10,7 +10,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-import runlib
+from experiments import runs as runlib
 
 ARCHS_REPORT = ["gpt2", "llama", "speedrun"]   # table and figure order: the fidelity study's block first
 VARIANTS = ["pre_ln", "peri_ln", "geonorm", "proj_spheret", "ngpt"]

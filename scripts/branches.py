@@ -24,7 +24,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-import runlib
+from experiments import runs as runlib
 from common import children
 from data.files import atomic_write
 

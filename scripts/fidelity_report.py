@@ -16,8 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-import runlib  # noqa: E402
-from runlib import ok_losses, pm  # noqa: E402
+from experiments import runs as runlib  # noqa: E402
+from experiments.runs import ok_losses, pm  # noqa: E402
 from data.files import atomic_write  # noqa: E402
 
 KEY_LR, KEY_MULT = "optim.lr", "optim.groups.scalars.lr_mult"

@@ -25,7 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import branches
-import runlib
+from experiments import runs as runlib
 from common import children
 from common.provenance import code_commit
 from common.stats import MARGIN, PAPER_MARGIN, paired, parabola_optimum, summarize, three_word_verdicts

@@ -29,7 +29,7 @@ import statistics
 import sys
 from pathlib import Path
 
-import runlib
+from experiments import runs as runlib
 from common.stats import summarize, verdict
 from common import report_user_errors
 from data.files import atomic_write, writable_dir

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import yaml
 
-import paper_tables
+from experiments import paper_tables
 
 from common import ConfigError, report_user_errors
 
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         return 0
     if args.eval:
         return run_eval(spec, args)
-    from paper_cost import gpu_name, plan_row, render_cost
+    from experiments.cost import gpu_name, plan_row, render_cost
 
     gpu = gpu_name(args.gpu)
     plans = {row: plan_row(row, args.overrides, stand, pairs(args.files, "--files")) for row in spec["rows"]}

@@ -23,7 +23,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-import runlib  # noqa: E402
+from experiments import runs as runlib  # noqa: E402
 from data.files import atomic_open, writable_dir  # noqa: E402
 
 # One colour per variant, fixed by its place in the registry, so a variant looks the same in every

@@ -25,7 +25,7 @@ matplotlib.use("Agg")
 import matplotlib.colors as mcolors  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 
-import runlib  # noqa: E402
+from experiments import runs as runlib  # noqa: E402
 from data.files import atomic_open  # noqa: E402
 from plot_curves import OTHER_COLORS, variant_colors  # noqa: E402
 

@@ -12,7 +12,7 @@ import math
 import statistics
 from pathlib import Path
 
-import runlib
+from experiments import runs as runlib
 from common.stats import bootstrap_slope, diff_ci, summarize, verdict, welch_p
 from data.files import atomic_write
 

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import yaml
 
-import runlib
+from experiments import runs as runlib
 from common import children
 from common.provenance import code_commit
 from data.files import atomic_write, read_json, read_yaml

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import runlib
+from experiments import runs as runlib
 from common.stats import MARGIN, PAPER_MARGIN, holm, paired, summarize, three_word_verdicts
 from data.files import atomic_write, read_json
 

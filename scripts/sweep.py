@@ -37,7 +37,7 @@ from pathlib import Path
 
 import yaml
 
-import runlib
+from experiments import runs as runlib
 from common import children
 from common.children import GpuSlots
 from data.files import atomic_write, read_json, read_yaml, writable_dir

@@ -55,7 +55,7 @@ def pydocs(tmp_path_factory):
 
 def _load_script(name: str):
     """Import scripts/<name>.py as the module `name`, as `python scripts/<name>.py` sees it (the scripts
-    import each other, e.g. `runlib`, by bare name); each module once per session."""
+    import a few of each other, e.g. `plot_curves`, by bare name); each module once per session."""
     import importlib.util
     from pathlib import Path
 

@@ -20,7 +20,6 @@ def without_out_dir(args):
 
 @pytest.mark.slow
 def test_a_branch_equals_the_direct_wsd_run_of_its_horizon_bitwise(tmp_path, load_script, pydocs):
-    load_script("runlib")  # imported by bare name, as `python scripts/branches.py` finds it
     br = load_script("branches")
     p = br.plan([12, 24], 0.25, warmup=2)
     assert p == {"trunk": 24, "branches": {12: 9}} and br.cost(p) == pytest.approx(1.125)
@@ -53,7 +52,6 @@ def test_a_branch_equals_the_direct_wsd_run_of_its_horizon_bitwise(tmp_path, loa
 
 
 def test_the_plan_refuses_what_cannot_branch(load_script):
-    load_script("runlib")
     br = load_script("branches")
     with pytest.raises(SystemExit, match="horizon 10 starts its decay at step 8, inside optim.warmup_steps=8"):
         br.plan([10, 40], 0.2, warmup=8)

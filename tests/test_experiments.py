@@ -18,7 +18,7 @@ EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 
 def _load(name: str):
     """Import scripts/<name>.py as the module `name`, as `python scripts/<name>.py` would see it
-    (the scripts import their shared `runlib` by that name)."""
+    (a few import each other by bare name)."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
@@ -28,7 +28,7 @@ def _load(name: str):
     return mod
 
 
-runlib = _load("runlib")
+from experiments import runs as runlib  # noqa: E402
 make_table = _load("make_table")
 sweep = _load("sweep")
 

@@ -57,7 +57,6 @@ def test_a_file_where_the_checkpoints_dir_belongs_is_refused_before_the_first_st
 
 
 def test_sweep_into_a_read_only_runs_root_is_one_line(tmp_path, monkeypatch, capsys, load_script):
-    load_script("runlib")
     sweep = load_script("sweep")
     read_only_under(monkeypatch, tmp_path / "ro")
     err = one_line_exit(capsys, sweep.main, ["--name", "t", "--variants", "pre_ln", "--runs-root",
@@ -68,7 +67,6 @@ def test_sweep_into_a_read_only_runs_root_is_one_line(tmp_path, monkeypatch, cap
 
 def test_plot_curves_to_a_read_only_out_is_one_line_and_atomic_writes_tell_the_first_error(tmp_path, monkeypatch,
                                                                                           capsys, load_script):
-    load_script("runlib")
     plot = load_script("plot_curves")
     read_only_under(monkeypatch, tmp_path / "ro")
     err = one_line_exit(capsys, plot.main, [str(tmp_path), "--out", str(tmp_path / "ro" / "c")])
@@ -157,7 +155,6 @@ def test_malformed_or_mistyped_yaml_is_one_line(tmp_path, capsys, load_script):
     part.write_text("experiment: fidelity\ncells: {}\nparts: [x]\ntune: {ladder: [1.0]}\n")
     with pytest.raises(CorruptFile, match=r"bad.yaml is not valid YAML at line 2, column 1 \(expected ',' or ']'"):
         read_yaml(bad, "a mapping")
-    load_script("runlib")
     sweep = load_script("sweep")
     assert "holds a YAML list, not a mapping: expected --points" in one_line_exit(
         capsys, sweep.main, ["--name", "t", "--points", str(lst), "--dry-run"])
@@ -183,7 +180,7 @@ def test_corrupt_json_is_one_line(tmp_path):
 
 def test_tables_and_plots_show_a_run_with_a_non_finite_loss_as_diverged(tmp_path, capsys, load_script):
     """The sinks write a NaN loss as null (JSON has no NaN): make_table and plot_curves read it as diverged."""
-    runlib = load_script("runlib")
+    from experiments import runs as runlib
     make_table, plot = load_script("make_table"), load_script("plot_curves")
     for name, final in (("ok", 2.5), ("nan", None)):
         d = tmp_path / "sw" / name
@@ -204,7 +201,6 @@ def test_tables_and_plots_show_a_run_with_a_non_finite_loss_as_diverged(tmp_path
 
 
 def test_plot_curves_on_runs_without_records_is_an_error_not_empty_figures(tmp_path, load_script):
-    load_script("runlib")
     plot = load_script("plot_curves")
     d = tmp_path / "r"
     d.mkdir()

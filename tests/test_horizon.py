@@ -19,7 +19,7 @@ def fake_loss(cell, lr, mult, seed, steps):
 
 @pytest.fixture
 def study_env(tmp_path, load_script, monkeypatch):
-    load_script("runlib"), load_script("sweep"), load_script("branches")
+    load_script("sweep"), load_script("branches")
     hz, S = load_script("horizon"), load_script("study")
     study = S.Study.load("horizon")
     study.cells = {"gpt2.pre_ln": {"overrides": {"norm": "pre_ln"}, "start": 3e-3},

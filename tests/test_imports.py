@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("common", "model", "data", "runtime", "trainer", "evaluation")
+PACKAGES = ("common", "model", "data", "runtime", "trainer", "evaluation", "experiments")
 
 
 def module_name(path: Path) -> str:

@@ -160,7 +160,6 @@ def test_the_slurm_array_requeues_a_pre_empted_point_and_skips_a_finished_one(tm
 
 
 def test_a_grid_value_given_twice_in_two_spellings_is_refused(load_script):
-    load_script("runlib")
     sweep = load_script("sweep")
     with pytest.raises(SystemExit, match=r"--grid 'optim.lr=1e-3,0.001': 1e-3 and 0.001 are the same value"):
         sweep.main(["--name", "t", "--grid", "optim.lr=1e-3,0.001", "--dry-run", "--", "model=tiny"])
@@ -169,7 +168,7 @@ def test_a_grid_value_given_twice_in_two_spellings_is_refused(load_script):
 
 
 def test_study_list_refuses_an_unknown_experiment_or_norm(load_script):
-    load_script("runlib"), load_script("sweep")
+    load_script("sweep")
     study = load_script("study")
     with pytest.raises(SystemExit, match=r"--experiment nope: no configs/experiment/nope.yaml; valid: .*fidelity"):
         study.main(["horizon", "--experiment", "nope", "--list"])
@@ -179,7 +178,6 @@ def test_study_list_refuses_an_unknown_experiment_or_norm(load_script):
 
 
 def test_make_table_best_over_a_key_no_run_has_is_refused(tmp_path, load_script):
-    load_script("runlib")
     make_table = load_script("make_table")
     d = tmp_path / "sw" / "a"
     d.mkdir(parents=True)

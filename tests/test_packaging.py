@@ -66,7 +66,7 @@ def test_no_file_edits_sys_path_or_points_outside_the_repository():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["runlib", "fidelity_report", "step_scale_report"])
+@pytest.mark.parametrize("name", ["fidelity_report", "step_scale_report"])
 def test_library_modules_of_scripts_say_they_are_not_commands(name):
     root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, f"scripts/{name}.py", "--help"], cwd=root, capture_output=True, text=True,
@@ -77,6 +77,6 @@ def test_library_modules_of_scripts_say_they_are_not_commands(name):
 def test_every_script_imports(load_script):
     """Each scripts/*.py imports cleanly as scripts/ sees it: a helper renamed in one script must not
     break another only when that one runs (plot_geometry imported a colour table plot_curves had dropped)."""
-    libraries = ["runlib", "plot_curves", "study_tables", "paper_tables", "paper_cost"]  # imported by bare name: first
+    libraries = ["plot_curves", "study_tables"]  # imported by the others by bare name: loaded first
     for name in libraries + sorted({p.stem for p in (REPO / "scripts").glob("*.py")} - set(libraries)):
         assert load_script(name).__file__ == str(REPO / "scripts" / f"{name}.py")

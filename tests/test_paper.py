@@ -10,8 +10,9 @@ import yaml
 
 from test_experiments import _load, make_run
 
-paper_tables = _load("paper_tables")  # the scripts import their helpers by bare name, as scripts/ sees them
-paper_cost = _load("paper_cost")
+from experiments import cost as paper_cost  # noqa: E402
+from experiments import paper_tables  # noqa: E402, F401
+
 paper = _load("paper")
 
 

@@ -7,7 +7,7 @@ from trainer.loop import train
 
 
 def test_scalar_series_and_movement_on_synthetic_records(load_script):
-    runlib = load_script("runlib")
+    from experiments import runs as runlib
     stats = [{"tokens": 0, "step/0/a": 1.0, "step/1/a": 1.0, "scalar/blocks.0.attn_rule.norm.alpha": 1.0,
               "gate_mean/0": 0.5, "geo/angle/0": 0.1},
              {"tokens": 100, "step/0/a": 1.5, "step/1/a": 0.8, "scalar/blocks.0.attn_rule.norm.alpha": 1.1,
@@ -25,7 +25,7 @@ def test_scalar_series_and_movement_on_synthetic_records(load_script):
                                         ("pre_derf", {"alpha", "shift", "s"}),
                                         ("geonorm", {"a", "b"})])
 def test_each_variants_scalars_are_logged_and_move(tmp_path, pydocs, load_script, norm, kinds):
-    runlib = load_script("runlib")
+    from experiments import runs as runlib
     train(make_cfg(tmp_path / norm, f"norm={norm}", "train.max_steps=6", "logging.stats_interval=3",
                    "optim.lr=1e-2", "optim.groups.scalars.lr_mult=10"))
     moved = runlib.scalar_movement(records(tmp_path / norm, "stats"))
@@ -35,7 +35,7 @@ def test_each_variants_scalars_are_logged_and_move(tmp_path, pydocs, load_script
 
 @pytest.mark.slow
 def test_gate_means_are_logged_and_the_scalars_plot(tmp_path, pydocs, load_script):
-    load_script("runlib"), load_script("plot_curves")  # imported by bare name
+    load_script("plot_curves")  # imported by bare name
     plot = load_script("plot_geometry")
     run = tmp_path / "gated"
     train(make_cfg(run, "model.attn_gate=headwise", "norm=geonorm", "train.max_steps=4", "logging.stats_interval=2"))

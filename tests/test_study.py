@@ -10,7 +10,7 @@ S = runlib = None
 @pytest.fixture(autouse=True)
 def _modules(load_script):
     global S, runlib
-    runlib = load_script("runlib")
+    from experiments import runs as runlib
     S = load_script("study")
 
 

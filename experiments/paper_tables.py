@@ -13,7 +13,7 @@ import json
 import statistics
 from pathlib import Path
 
-import runlib
+from . import runs as runlib
 
 
 def _mean(xs: list) -> float | None:

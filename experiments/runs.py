@@ -1,4 +1,4 @@
-"""Reading run directories for plot_curves.py and make_table.py (one job: runs -> labelled records).
+"""Reading run directories for the tables, plots and study reports (one job: runs -> labelled records).
 
 A run directory holds `config.yaml` (resolved Hydra config) and `metrics.jsonl` (one JSON record per
 line, written by trainer/sinks.py; kinds and keys in docs/training.md, "Monitoring"). Runs are grouped by
@@ -20,7 +20,7 @@ import yaml
 from common import perplexity
 from data.files import atomic_write, read_json
 
-PAPER_RESULTS = Path(__file__).resolve().parent / "paper_results.yaml"
+PAPER_RESULTS = Path(__file__).resolve().parent.parent / "scripts" / "paper_results.yaml"
 # Canonical row order for tables and legends: the variant registry's (then anything else, alphabetically).
 @functools.cache
 def variant_order() -> list[str]:
@@ -348,17 +348,6 @@ def add_wall_time(path: Path, part: str, seconds: float) -> None:
     times[part] = times.get(part, 0.0) + seconds
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, json.dumps(times, indent=1) + "\n")
-
-
-if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
-    import sys
-
-    print(
-        "usage: scripts/runlib.py is imported by plot_curves.py, make_table.py and the study scripts; "
-        "it is not a command",
-        file=sys.stderr,
-    )
-    sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)
 
 
 # --- learned scalars over training (the stats records' step/<j>/<name>, scalar/<name>, gate_mean/<i>) ---
