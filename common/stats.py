@@ -1,7 +1,7 @@
 """The statistics of every study table (scipy.stats; scipy is imported here only, and only when called):
 per-seed values and t-based 95% intervals, Welch's test, paired t intervals and tests by seed, TOST
 equivalence at a stated margin, Holm's correction over a table, the parabola in log-lr through a grid's
-best, and a power-law exponent with a t interval (a seed bootstrap is kept for the older tables).
+best, and a power-law exponent with a t interval (every per-seed value a replicate; no seed bootstrap).
 
     s = summarize([2.37, 2.38, 2.39])      # Summary(n, mean, std, lo, hi, values)
     d = paired({0: 2.31, 1: 2.33}, {0: 2.35, 1: 2.36})   # per-seed a - b: mean, t CI, p, TOST p per margin
@@ -85,23 +85,6 @@ def power_law_fit(n: Sequence[float], loss: Sequence[float]):
     x, y = np.log(np.asarray(n, dtype=float)), np.log(np.asarray(loss, dtype=float))
     (log_a, b), _ = curve_fit(lambda t, la, bb: la - bb * t, x, y, p0=(float(y.mean()), 0.05))
     return float(math.exp(log_a)), float(b)
-
-
-def bootstrap_slope(n_by_point: Sequence[float], losses_by_point: Sequence[Sequence[float]], n_resamples: int = 1000,
-                    seed: int = 0, confidence: float = 0.95) -> tuple[float, float, float]:
-    """The fitted exponent b of power_law_fit over points (model sizes), each with its per-seed losses,
-    and its percentile bootstrap interval from resampling the seeds within every point. (b, lo, hi)."""
-    import numpy as np
-
-    rng = np.random.default_rng(seed)
-    mean = [statistics.fmean(xs) for xs in losses_by_point]
-    b = power_law_fit(n_by_point, mean)[1]
-    draws = []
-    for _ in range(n_resamples):
-        resampled = [statistics.fmean(rng.choice(xs, size=len(xs), replace=True)) for xs in losses_by_point]
-        draws.append(power_law_fit(n_by_point, resampled)[1])
-    q = (1 - confidence) / 2
-    return b, float(np.quantile(draws, q)), float(np.quantile(draws, 1 - q))
 
 
 def diff_ci(

@@ -13,7 +13,7 @@ import statistics
 from pathlib import Path
 
 from experiments import runs as runlib
-from common.stats import bootstrap_slope, diff_ci, summarize, verdict, welch_p
+from common.stats import diff_ci, slope_t_interval, summarize, verdict, welch_p
 from data.files import atomic_write
 
 
@@ -195,18 +195,19 @@ def _axes(n_params: dict) -> tuple[list[str], list[str]]:
 
 
 def _width_fit(fit: dict, n_params: dict) -> list[str]:
-    """Loss against parameters over the width points, per variant, with a bootstrap CI of the exponent."""
+    """Loss against parameters over the width points, per variant, with the exponent's t interval (every
+    per-seed value a replicate; a percentile bootstrap over three seeds comes out far too narrow)."""
     all_widths = _axes(n_params)[0]
     widths = [s for s in all_widths if s in fit.get("points", {})]
     if len(widths) < 3:
         return [f"(the width fit needs {', '.join(all_widths)} finished)"]
     out = [
-        f"| variant | exponent b of loss = a N^-b (widths {', '.join(widths)}) | 95% bootstrap CI |",
+        f"| variant | exponent b of loss = a N^-b (widths {', '.join(widths)}) | 95% t interval |",
         "|---|---|---|",
     ]
     for i, name in enumerate(("pre_ln", fit["sphere"])):
-        b, lo, hi = bootstrap_slope([n_params[w] for w in widths], [fit["points"][w][i]["losses"] for w in widths])
-        out.append(f"| {name} | {b:.4f} | [{lo:.4f}, {hi:.4f}] |")
+        b, lo, hi = slope_t_interval([n_params[w] for w in widths], [fit["points"][w][i]["losses"] for w in widths])
+        out.append(f"| {name} | {b:.4f} | " + ("—" if lo is None else f"[{lo:.4f}, {hi:.4f}]") + " |")
     return out
 
 
