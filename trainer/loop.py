@@ -76,7 +76,10 @@ class Trainer(TrainerState):
             self.sinks.extend(self.extra_sinks)
         self.stop.install()
         if self.dist.is_main and self.log_cfg.console:
-            log.info(start_line(self, resume_path))
+            t, m = self.train_cfg, self.mcfg
+            log.info(start_line(self.run_dir, m.norm.name, self.model.num_params(), self.dist.world_size,
+                                t.micro_batch_size, m.block_size, self.accum, t.batch_tokens, self.precision,
+                                self.use_compile, self.device, resume_path, self.step, self.branched))
 
     def _configure_torch(self) -> None:
         """Device, precision, threads, determinism and TF32, from train.*."""
@@ -339,7 +342,10 @@ class Trainer(TrainerState):
     def _finish(self, result: dict, summary: bool) -> dict:
         result["steps"] = self.step
         if summary and self.dist.is_main:
-            rec = summary_record(self, result["diverged"], wall_s=time.perf_counter() - self._wall0)
+            rec = summary_record(self.step, self.train_cfg.batch_tokens, self.last_val, self.best_val,
+                                 self.spikes.counts(), int(self.skipped.item()), result["diverged"],
+                                 self.mcfg.norm.name, self.train_cfg.seed,
+                                 wall_s=time.perf_counter() - self._wall0, train_s=self._train_s())
             self.emit(rec)
             result["summary"] = rec
         return result

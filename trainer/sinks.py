@@ -161,28 +161,29 @@ class ConsoleSink(Sink):
         ]
 
 
-def start_line(tr, resume_path) -> str:
+def start_line(run_dir: Path, norm: str, params: int, ranks: int, micro_batch: int, block_size: int, accum: int,
+               batch_tokens: int, precision: str, compiled: bool, device, resumed_from=None, step: int = 0,
+               branched: bool = False) -> str:
     """The console's first line of a run: where, what, how big a step, on what."""
-    t, m = tr.train_cfg, tr.mcfg
-    return (f"run dir {tr.run_dir} | {m.norm.name} | {tr.model.num_params() / 1e6:.2f}M params | "
-            f"{tr.dist.world_size} rank(s) x {t.micro_batch_size} seq x {m.block_size} tok x {tr.accum} accum = "
-            f"{t.batch_tokens} tok/step | {tr.precision} | compile={tr.use_compile} | device {tr.device}"
-            + (f" | {'branched' if getattr(tr, 'branched', False) else 'resumed'} from {resume_path} at step {tr.step}"
-               if resume_path else ""))
+    return (f"run dir {run_dir} | {norm} | {params / 1e6:.2f}M params | "
+            f"{ranks} rank(s) x {micro_batch} seq x {block_size} tok x {accum} accum = "
+            f"{batch_tokens} tok/step | {precision} | compile={compiled} | device {device}"
+            + (f" | {'branched' if branched else 'resumed'} from {resumed_from} at step {step}"
+               if resumed_from else ""))
 
 
-def summary_record(tr, diverged: bool, wall_s: float) -> dict:
+def summary_record(step: int, batch_tokens: int, last_val: Optional[float], best_val: float, spike_counts: dict,
+                   skipped: int, diverged: bool, norm: str, seed: int, wall_s: float, train_s: float) -> dict:
     """The run's last record (`summary`): final and best validation loss, spikes, skipped steps, times."""
     from common.provenance import code_commit
 
-    return {"kind": "summary", "step": tr.step, "tokens": tr.step * tr.train_cfg.batch_tokens,
-            "final_val_loss": tr.last_val, "final_val_ppl": perplexity(tr.last_val),
-            "best_val_loss": tr.best_val if math.isfinite(tr.best_val) else None, **tr.spikes.counts(),
-            "skipped_steps": int(tr.skipped.item()), "steps": tr.step,
+    return {"kind": "summary", "step": step, "tokens": step * batch_tokens,
+            "final_val_loss": last_val, "final_val_ppl": perplexity(last_val),
+            "best_val_loss": best_val if math.isfinite(best_val) else None, **spike_counts,
+            "skipped_steps": skipped, "steps": step,
             # a run that ends on a non-finite validation loss diverged, even if no step's loss was counted so
-            "diverged": bool(diverged) or (tr.last_val is not None and not math.isfinite(tr.last_val)),
-            "norm": tr.mcfg.norm.name, "seed": tr.train_cfg.seed, "wall_s": wall_s, "train_s": tr._train_s(),
-            "commit": code_commit()}
+            "diverged": bool(diverged) or (last_val is not None and not math.isfinite(last_val)),
+            "norm": norm, "seed": seed, "wall_s": wall_s, "train_s": train_s, "commit": code_commit()}
 
 
 def open_run_sinks(run_dir: Path, rc, step: int, resumed: bool, config_changed: bool,
