@@ -31,47 +31,47 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def bare_loop(tr: Trainer, steps: int) -> float:
+def bare_loop(trainer: Trainer, steps: int) -> float:
     """The minimum: batches, forward/backward with accumulation, clip, AdamW step. Returns seconds."""
-    model, opt, dev = tr.train_model, tr.opt, tr.device
-    sched = LRSchedule(tr.optim_cfg, steps)
+    model, opt, dev = trainer.train_model, trainer.opt, trainer.device
+    sched = LRSchedule(trainer.optim_cfg, steps)
     sync(dev)
     t0 = time.perf_counter()
     for step in range(steps):
         opt.set_lr(torch.tensor(sched(float(step))))
-        for micro in range(tr.accum):
-            x, y = tr.loader.get_batch(step, micro)
+        for micro in range(trainer.accum):
+            x, y = trainer.loader.get_batch(step, micro)
             if dev.type == "cuda":
                 x, y = x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
-            with tr.autocast():
+            with trainer.autocast():
                 _, loss = model(x, y)
-            (loss / tr.accum).backward()
-        torch.nn.utils.clip_grad_norm_(tr.params, tr.optim_cfg.grad_clip, foreach=True)
+            (loss / trainer.accum).backward()
+        torch.nn.utils.clip_grad_norm_(trainer.params, trainer.optim_cfg.grad_clip, foreach=True)
         opt.step()
         opt.zero_grad(set_to_none=True)
     sync(dev)
     return time.perf_counter() - t0
 
 
-def harness_loop(tr: Trainer) -> tuple:
+def harness_loop(trainer: Trainer) -> tuple:
     """Trainer.run() with eval/checkpoint time measured apart. Returns (seconds excl., eval+ckpt seconds)."""
     spent = [0.0]
 
     def timed(fn):
         def wrapper(*a, **k):
-            sync(tr.device)
+            sync(trainer.device)
             t = time.perf_counter()
             out = fn(*a, **k)
-            sync(tr.device)
+            sync(trainer.device)
             spent[0] += time.perf_counter() - t
             return out
         return wrapper
 
-    tr.evaluate, tr.save = timed(tr.evaluate), timed(tr.save)
-    sync(tr.device)
+    trainer.evaluate, trainer.save = timed(trainer.evaluate), timed(trainer.save)
+    sync(trainer.device)
     t0 = time.perf_counter()
-    tr.run()
-    sync(tr.device)
+    trainer.run()
+    sync(trainer.device)
     return time.perf_counter() - t0 - spent[0], spent[0]
 
 
@@ -87,9 +87,9 @@ def make_trainer(overrides, out_dir):
             cfg = compose("config", overrides=[*overrides, f"out_dir={out_dir}", "train.overwrite=true"])
     except (ConfigCompositionException, OverrideParseException) as e:
         raise ConfigError(composition_error_line(e, group_defaults())) from None  # one line, as train.py says it
-    tr = Trainer(parse_run_config(cfg), D.init_distributed(cfg.train.device, precision=cfg.train.precision))
-    tr.setup()
-    return tr
+    trainer = Trainer(parse_run_config(cfg), D.init_distributed(cfg.train.device, precision=cfg.train.precision))
+    trainer.setup()
+    return trainer
 
 
 def main():
@@ -111,24 +111,25 @@ def main():
 
 def run(a, ov, tmp: Path) -> None:
     bare_s, harn_s, extra_s = [], [], []
-    tr = make_trainer(ov, tmp / "warm")
-    bare_loop(tr, a.warmup)
-    tokens = a.steps * tr.train_cfg.batch_tokens
+    trainer = make_trainer(ov, tmp / "warm")
+    bare_loop(trainer, a.warmup)
+    tokens = a.steps * trainer.train_cfg.batch_tokens
+    m, t, lg = trainer.model_cfg, trainer.train_cfg, trainer.log_cfg
     print(
-        f"model {tr.mcfg.n_layer}L d={tr.mcfg.n_embd} T={tr.mcfg.block_size} norm={tr.mcfg.norm.name} | "
-        f"{tr.train_cfg.batch_tokens} tok/step | {a.steps} steps x {a.repeats} repeats | log/{tr.log_cfg.log_interval} "
-        f"stats/{tr.log_cfg.stats_interval} eval/{tr.train_cfg.eval_interval} ckpt/{tr.train_cfg.ckpt_interval} | "
-        f"wandb {tr.log_cfg.wandb.mode} | {tr.device} {tr.precision} threads={torch.get_num_threads()}",
+        f"model {m.n_layer}L d={m.n_embd} T={m.block_size} norm={m.norm.name} | "
+        f"{t.batch_tokens} tok/step | {a.steps} steps x {a.repeats} repeats | log/{lg.log_interval} "
+        f"stats/{lg.stats_interval} eval/{t.eval_interval} ckpt/{t.ckpt_interval} | "
+        f"wandb {lg.wandb.mode} | {trainer.device} {trainer.precision} threads={torch.get_num_threads()}",
         flush=True,
     )
-    tr.close()
+    trainer.close()
     for r in range(a.repeats):
-        tr = make_trainer(ov, tmp / f"bare{r}")
-        bare_s.append(bare_loop(tr, a.steps))
-        tr.close()
-        tr = make_trainer(ov, tmp / f"harness{r}")
-        h, e = harness_loop(tr)
-        tr.close()
+        trainer = make_trainer(ov, tmp / f"bare{r}")
+        bare_s.append(bare_loop(trainer, a.steps))
+        trainer.close()
+        trainer = make_trainer(ov, tmp / f"harness{r}")
+        h, e = harness_loop(trainer)
+        trainer.close()
         harn_s.append(h)
         extra_s.append(e)
         print(f"repeat {r}: bare {tokens / bare_s[-1]:,.0f} tok/s ({1000 * bare_s[-1] / a.steps:.1f} ms/step) | "

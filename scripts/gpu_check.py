@@ -193,7 +193,7 @@ def check_train_loop(ctx, args):
             train(cfg)
             train(cfg2)  # resume from step 3: mmap + weights-only load, this device's RNG state
             recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-            tr = [r for r in recs if r["kind"] == "train"]
+            train_recs = [r for r in recs if r["kind"] == "train"]
             summary = [r for r in recs if r["kind"] == "summary"]
             ckpt = ck.load_checkpoint(ck.find_latest(run))
             problems = []
@@ -204,11 +204,11 @@ def check_train_loop(ctx, args):
             scaler = ckpt["scheduler"].get("scaler")
             if precision == "fp16" and not (scaler and scaler["scale"] < 2.0 ** 16):
                 problems.append(f"fp16: the NaN step did not back off the GradScaler ({scaler})")
-            if not any(r.get("tokens_per_s") for r in tr):
+            if not any(r.get("tokens_per_s") for r in train_recs):
                 problems.append("no tokens/s")
-            if ctx.cuda and not any("compile_s" in r for r in tr):
+            if ctx.cuda and not any("compile_s" in r for r in train_recs):
                 problems.append("no compile_s record")
-        tps = max((r["tokens_per_s"] or 0) for r in tr) if tr else 0
+        tps = max((r["tokens_per_s"] or 0) for r in train_recs) if train_recs else 0
         extra = f", GradScaler at {scaler['scale']:g}" if precision == "fp16" and scaler else ""
         yield (f"train_loop/{precision}", "FAIL" if problems else "PASS",
                "; ".join(problems) or f"6 steps with a skipped NaN step and a resume{extra}; {tps:,.0f} tok/s",

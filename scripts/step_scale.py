@@ -92,16 +92,16 @@ def measure(overrides: list[str], lr: float | None, random_batch: bool, batch: i
 
     vocab = data_mod.get_tokenizer(cfg.data.tokenizer).vocab_size
     x, y, vocab = batch_for(cfg, random_batch, measured_batch(rc.train.micro_batch_size, block, vocab, batch), block)
-    mcfg = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=vocab)
+    model_cfg = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=vocab)
     seed_all(rc.train.seed)
-    model = GPT(mcfg)
-    ocfg = for_variant(rc.optim, model.variant)
-    opt = build_optimizer(model, ocfg, torch.device("cpu"))
-    peak = ocfg.lr if lr is None else lr
+    model = GPT(model_cfg)
+    optim_cfg = for_variant(rc.optim, model.variant)
+    opt = build_optimizer(model, optim_cfg, torch.device("cpu"))
+    peak = optim_cfg.lr if lr is None else lr
     opt.set_lr(torch.tensor(peak))
     model.eval()  # no dropout: the change is the step's alone
     geo = {k: v.item() for k, v in stream_geometry(model, x, y).items()}
-    n = 2 * mcfg.n_layer
+    n = 2 * model_cfg.n_layer
     angles = [geo[f"geo/angle/{j}"] for j in range(n)]
     with torch.no_grad():
         before, loss0 = model(x, y)

@@ -32,7 +32,7 @@ log = logging.getLogger("nanonorm.train")
 
 class Trainer(TrainerState):
     def __init__(self, rc: RunConfig, dist: distributed.Runtime, sinks: Optional[list] = None):
-        self.rc, self.dist = rc, dist
+        self.run_cfg, self.dist = rc, dist
         self.train_cfg, self.optim_cfg, self.log_cfg = rc.train, rc.optim, rc.logging
         self.extra_sinks = list(sinks or [])
         self.sinks: list[Sink] = []
@@ -48,21 +48,24 @@ class Trainer(TrainerState):
             log.setLevel(logging.ERROR)
         self._configure_torch()
         # Rank 0's resolution of out_dir is the run dir for everyone (robust even to ${now:} in run_name).
-        self.run_dir = Path(distributed.broadcast_object(str(self.rc.out_dir)))
+        self.run_dir = Path(distributed.broadcast_object(str(self.run_cfg.out_dir)))
         resume_path = self._resolve_resume()
         # before preparing data (hours, for a new tokenizer): a checkpoint of another model or tokenizer is refused now
         resume_ckpt = (
-            resume.load_compatible(resume_path, self.rc.model, self.rc.data.tokenizer) if resume_path else None
+            resume.load_compatible(resume_path, self.run_cfg.model, self.run_cfg.data.tokenizer)
+            if resume_path
+            else None
         )
         self._prepare_data()
         self._build_model_and_optimizer()
-        self.loader, self.val = run_data.loaders(self.data_dir, self.train_cfg, self.mcfg.block_size, self.accum,
+        self.loader, self.val = run_data.loaders(self.data_dir, self.train_cfg, self.model_cfg.block_size, self.accum,
                                                  self.dist)
         self._init_run_state()
         config_changed = False
         if resume_ckpt is not None:  # warn about (or refuse) config changes, then load the run's state
-            config_changed = resume.check_config_changes(resume_path, self.rc.composed, resume_ckpt.get("config") or {},
-                                                         self.train_cfg.resume_force)
+            config_changed = resume.check_config_changes(
+                resume_path, self.run_cfg.composed, resume_ckpt.get("config") or {}, self.train_cfg.resume_force
+            )
             self.load_state_dict(resume_ckpt, resume_path)
         self.branched = resume_path is not None and self.run_dir.resolve() not in resume_path.resolve().parents
         if self.branched:  # another run's checkpoint (a cooldown branch): a run of its own from that step
@@ -71,12 +74,13 @@ class Trainer(TrainerState):
         self.flops_per_token = float(self.model.flops_per_token())
         self.peak = peak_flops(self.device, self.precision)
         if self.dist.is_main:  # the run dir's config.yaml and the record sinks (trainer/sinks.py)
-            self.sinks, self.wandb_run_id = open_run_sinks(self.run_dir, self.rc, self.step, resume_path is not None,
-                                                           config_changed, self.wandb_run_id)
+            self.sinks, self.wandb_run_id = open_run_sinks(
+                self.run_dir, self.run_cfg, self.step, resume_path is not None, config_changed, self.wandb_run_id
+            )
             self.sinks.extend(self.extra_sinks)
         self.stop.install()
         if self.dist.is_main and self.log_cfg.console:
-            t, m = self.train_cfg, self.mcfg
+            t, m = self.train_cfg, self.model_cfg
             log.info(start_line(self.run_dir, m.norm.name, self.model.num_params(), self.dist.world_size,
                                 t.micro_batch_size, m.block_size, self.accum, t.batch_tokens, self.precision,
                                 self.use_compile, self.device, resume_path, self.step, self.branched))
@@ -93,10 +97,10 @@ class Trainer(TrainerState):
         distributed.configure_torch(self.device, train_cfg.threads, train_cfg.deterministic)
 
     def _prepare_data(self) -> None:
-        self.data_dir, self.tokenizer_name = run_data.prepare(self.rc.data, self.dist)
-        self.mcfg = self.rc.model
+        self.data_dir, self.tokenizer_name = run_data.prepare(self.run_cfg.data, self.dist)
+        self.model_cfg = self.run_cfg.model
         self.accum = grad_accum_steps(self.train_cfg.batch_tokens, self.train_cfg.micro_batch_size,
-                                      self.mcfg.block_size, self.dist.world_size)
+                                      self.model_cfg.block_size, self.dist.world_size)
 
     def _build_model_and_optimizer(self) -> None:
         """Model init from `seed` on every rank (DDP also broadcasts rank 0's weights); then per-rank seeds."""
@@ -104,7 +108,7 @@ class Trainer(TrainerState):
 
         train_cfg = self.train_cfg
         checkpoint.seed_all(train_cfg.seed)
-        self.model = GPT(self.mcfg).to(self.device)
+        self.model = GPT(self.model_cfg).to(self.device)
         checkpoint.seed_all(checkpoint.rank_seed(train_cfg.seed, self.dist.rank))
         # what the variant fixes (nGPT: no decay, no warmup)
         self.optim_cfg = for_variant(self.optim_cfg, self.model.variant)
@@ -124,7 +128,7 @@ class Trainer(TrainerState):
         dev, log_cfg = self.device, self.log_cfg
         self.updates = torch.zeros((), dtype=torch.float64, device=dev)   # applied optimizer updates
         self.skipped = torch.zeros((), dtype=torch.int64, device=dev)     # skipped steps, total
-        self.consec = torch.zeros((), dtype=torch.int64, device=dev)      # skipped steps in a row
+        self.consecutive = torch.zeros((), dtype=torch.int64, device=dev)      # skipped steps in a row
         self.loss_buf = torch.zeros(log_cfg.log_interval, dtype=torch.float32, device=dev)
         self.gn_buf = torch.zeros(log_cfg.log_interval, dtype=torch.float32, device=dev)
         self.spikes = Spikes(log_cfg)
@@ -202,11 +206,11 @@ class Trainer(TrainerState):
             # plus the step at which a stop signal is acted on (this step alone, the next one under DDP).
             signalled = self.stop.requested(self._flag_group)
             if s % log_cfg.log_interval == 0 or is_ckpt or n_buf == log_cfg.log_interval or signalled:
-                signal_seen, consec = self.log_train(s, n_buf, *timer.read())
+                signal_seen, consecutive = self.log_train(s, n_buf, *timer.read())
                 n_buf = 0
                 timer.start()
-                if consec >= train_cfg.max_skipped:
-                    self._stop_diverged(s, consec, result)
+                if consecutive >= train_cfg.max_skipped:
+                    self._stop_diverged(s, consecutive, result)
                     break
                 if signal_seen:
                     self._stop_signalled(s, signal_seen, result)
@@ -221,10 +225,10 @@ class Trainer(TrainerState):
                         return self._finish(result, summary=False)
         return self._finish(result, summary=True)
 
-    def _stop_diverged(self, s: int, consec: int, result: dict) -> None:
+    def _stop_diverged(self, s: int, consecutive: int, result: dict) -> None:
         """Too many non-finite steps in a row: evaluate, checkpoint, and end the run as diverged."""
         result["diverged"] = True
-        msg = resume.diverged_message(s, consec, self.train_cfg.max_skipped, self.log_cfg.log_interval)
+        msg = resume.diverged_message(s, consecutive, self.train_cfg.max_skipped, self.log_cfg.log_interval)
         if self.dist.is_main:  # every rank stops with the same message: say it once
             log.error(msg)
         result["message"] = msg
@@ -244,10 +248,10 @@ class Trainer(TrainerState):
         (`is_stats`), what log_stats needs from it; None otherwise."""
         dev = self.device
         self.opt.set_lr(self.sched(self.updates))
-        bstep = 0 if self.train_cfg.overfit_batch else s - 1
+        batch_index = 0 if self.train_cfg.overfit_batch else s - 1
         loss_sum = torch.zeros((), device=dev)
         for micro in range(self.accum):
-            x, y = self.loader.get_batch(bstep, micro)
+            x, y = self.loader.get_batch(batch_index, micro)
             if dev.type == "cuda":
                 x, y = x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
             # DDP: all-reduce gradients on the last micro-step only.
@@ -277,7 +281,7 @@ class Trainer(TrainerState):
         self.opt.zero_grad(set_to_none=True)
         self.updates += (~bad).double()
         self.skipped += bad.long()
-        self.consec.copy_(torch.where(bad, self.consec + 1, torch.zeros_like(self.consec)))
+        self.consecutive.copy_(torch.where(bad, self.consecutive + 1, torch.zeros_like(self.consecutive)))
         self.loss_buf[slot] = loss_sum / self.accum
         self.gn_buf[slot] = gn.float()
         return stats_inputs
@@ -294,17 +298,17 @@ class Trainer(TrainerState):
         flag = torch.tensor([self.stop.log_flag()], device=self.device)
         mx = distributed.all_reduce_(torch.cat([self.loss_buf[:n], flag]), "max")  # loss maxima and any rank's signal
         h = read_host(loss=loss_mean, loss_max=mx[:n], flag=mx[n:], grad_norm=self.gn_buf[:n], skipped=self.skipped,
-                      consec=self.consec, lr=self.opt.lr)  # the one host sync of the interval
+                      consecutive=self.consecutive, lr=self.opt.lr)  # the one host sync of the interval
         for spike in self.spikes.update(s - n + 1, bt, loss=h["loss"], grad_norm=h["grad_norm"]):
             if self.dist.is_main:
                 self.emit(spike)
         rec = train_record(s, bt, h, elapsed, timed, W, self.flops_per_token, self.peak, self.spikes.counts())
-        signal_seen, consec = self.stop.adopt_log_flag(h["flag"][0]), int(h["consec"][0])
+        signal_seen, consecutive = self.stop.adopt_log_flag(h["flag"][0]), int(h["consecutive"][0])
         if self.compile_s is not None:  # once, in the first record after the compiling step
             rec["compile_s"], self.compile_s = self.compile_s, None
         if self.dist.is_main:
             self.emit(rec)
-        return (self.stop.received or "SIGTERM/SIGUSR1 (on another rank)") if signal_seen else None, consec
+        return (self.stop.received or "SIGTERM/SIGUSR1 (on another rank)") if signal_seen else None, consecutive
 
     def evaluate(self) -> None:
         """The validation loss (monitor.validation_loss: the fixed budget, over every rank), recorded."""
@@ -344,7 +348,7 @@ class Trainer(TrainerState):
         if summary and self.dist.is_main:
             rec = summary_record(self.step, self.train_cfg.batch_tokens, self.last_val, self.best_val,
                                  self.spikes.counts(), int(self.skipped.item()), result["diverged"],
-                                 self.mcfg.norm.name, self.train_cfg.seed,
+                                 self.model_cfg.norm.name, self.train_cfg.seed,
                                  wall_s=time.perf_counter() - self._wall0, train_s=self._train_s())
             self.emit(rec)
             result["summary"] = rec

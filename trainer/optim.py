@@ -6,7 +6,7 @@ vectors, scalars); `optim.groups.<group>` gives each group an lr multiplier and 
 The LR lives in 0-dim tensors computed on the device from a device-side count of applied updates,
 so a skipped (non-finite) step leaves the schedule where it was without a host sync. A new optimizer
 is a class under `@OPTIMIZERS.register("name")` with its keys as an `Options` dataclass (extending
-OptimConfig, the keys every optimizer reads) and a `build(model, ocfg, device)` returning an `Optimizer`.
+OptimConfig, the keys every optimizer reads) and a `build(model, optim_cfg, device)` returning an `Optimizer`.
 """
 from __future__ import annotations
 
@@ -191,31 +191,33 @@ def fused_supported(device: torch.device) -> bool:
     return device.type in ("cuda", "cpu") and hasattr(torch, "_fused_adamw_")
 
 
-def group_settings(ocfg: OptimConfig) -> dict[str, tuple[float, float]]:
+def group_settings(optim_cfg: OptimConfig) -> dict[str, tuple[float, float]]:
     """group -> (lr_mult, weight_decay); a weight decay left null means `optim.weight_decay`."""
     out = {}
-    for name in ocfg.groups.names():
-        g = getattr(ocfg.groups, name)
-        out[name] = (g.lr_mult, ocfg.weight_decay if g.weight_decay is None else g.weight_decay)
+    for name in optim_cfg.groups.names():
+        g = getattr(optim_cfg.groups, name)
+        out[name] = (g.lr_mult, optim_cfg.weight_decay if g.weight_decay is None else g.weight_decay)
     return out
 
 
-def for_variant(ocfg: OptimConfig, variant) -> OptimConfig:
+def for_variant(optim_cfg: OptimConfig, variant) -> OptimConfig:
     """The optimizer config with the variant's `optim_overrides` applied (nGPT: no weight decay in any
     group, no warmup). A `weight_decay` override sets every group's decay too."""
     over = dict(getattr(variant, "optim_overrides", {}))
     if not over:
-        return ocfg
+        return optim_cfg
     if "weight_decay" in over:
         wd = over["weight_decay"]
-        groups = {n: dataclasses.replace(getattr(ocfg.groups, n), weight_decay=wd) for n in ocfg.groups.names()}
-        over["groups"] = dataclasses.replace(ocfg.groups, **groups)
-    return dataclasses.replace(ocfg, **over)
+        groups = {
+            n: dataclasses.replace(getattr(optim_cfg.groups, n), weight_decay=wd) for n in optim_cfg.groups.names()
+        }
+        over["groups"] = dataclasses.replace(optim_cfg.groups, **groups)
+    return dataclasses.replace(optim_cfg, **over)
 
 
-def build_optimizer(model: torch.nn.Module, ocfg: OptimConfig, device: torch.device) -> Optimizer:
+def build_optimizer(model: torch.nn.Module, optim_cfg: OptimConfig, device: torch.device) -> Optimizer:
     """The `optim.name` optimizer over the model's parameter groups (an unknown name: one line)."""
-    return OPTIMIZERS[ocfg.name].build(model, ocfg, device)
+    return OPTIMIZERS[optim_cfg.name].build(model, optim_cfg, device)
 
 
 @OPTIMIZERS.register("adamw")
@@ -234,9 +236,9 @@ class AdamW:
                 bad("optim.betas", list(self.betas), "must be two numbers in [0, 1)")
 
     @staticmethod
-    def build(model: torch.nn.Module, ocfg: Options, device: torch.device) -> Optimizer:
-        opt, lr, fused = build_adamw(model, model.parameter_groups(), ocfg, device)
-        return Optimizer(opt, lr, [g["lr"] for g in opt.param_groups], group_settings(ocfg), fused)
+    def build(model: torch.nn.Module, optim_cfg: Options, device: torch.device) -> Optimizer:
+        opt, lr, fused = build_adamw(model, model.parameter_groups(), optim_cfg, device)
+        return Optimizer(opt, lr, [g["lr"] for g in opt.param_groups], group_settings(optim_cfg), fused)
 
 
 @dataclass(frozen=True)
@@ -260,25 +262,25 @@ class Muon:
         muon: MuonSettings = field(default_factory=MuonSettings)  # the matrices group's optimizer
 
     @staticmethod
-    def build(model: torch.nn.Module, ocfg: Options, device: torch.device) -> Optimizer:
-        m = MuonAdamW(model, ocfg, device)
+    def build(model: torch.nn.Module, optim_cfg: Options, device: torch.device) -> Optimizer:
+        m = MuonAdamW(model, optim_cfg, device)
         return Optimizer(m, m.lr_tensor, m.group_lrs, m.group_settings, fused=False)
 
 
-def build_adamw(model: torch.nn.Module, named_groups: dict, ocfg: OptimConfig,
+def build_adamw(model: torch.nn.Module, named_groups: dict, optim_cfg: OptimConfig,
                 device: torch.device) -> tuple[torch.optim.AdamW, torch.Tensor, bool]:
     """(AdamW over `named_groups` with a tensor LR per group, the schedule's LR tensor, fused)."""
-    settings = group_settings(ocfg)
-    fused = fused_supported(device) if ocfg.fused == "auto" else bool(ocfg.fused)
-    lr = torch.tensor(ocfg.lr, dtype=torch.float32, device=device)  # the schedule's LR (logged), filled each step
+    settings = group_settings(optim_cfg)
+    fused = fused_supported(device) if optim_cfg.fused == "auto" else bool(optim_cfg.fused)
+    lr = torch.tensor(optim_cfg.lr, dtype=torch.float32, device=device)  # the schedule's LR (logged), filled each step
     groups = []
     for name, named in named_groups.items():
         if named:  # a variant without scalars has no scalar group
             mult, wd = settings[name]
             groups.append({"params": [p for _, p in named], "weight_decay": wd, "group": name, "lr_mult": mult,
-                           "lr": torch.tensor(ocfg.lr * mult, dtype=torch.float32, device=device)})
+                           "lr": torch.tensor(optim_cfg.lr * mult, dtype=torch.float32, device=device)})
     kw = {"fused": True} if fused else {"foreach": False}  # tensor LR needs fused or the for-loop path
-    return torch.optim.AdamW(groups, lr=lr, betas=tuple(ocfg.betas), eps=ocfg.eps, **kw), lr, fused
+    return torch.optim.AdamW(groups, lr=lr, betas=tuple(optim_cfg.betas), eps=optim_cfg.eps, **kw), lr, fused
 
 
 class MuonAdamW:
@@ -294,16 +296,16 @@ class MuonAdamW:
     are all-reduced first, so every rank computes the same update.
     """
 
-    def __init__(self, model: torch.nn.Module, ocfg: OptimConfig, device: torch.device):
+    def __init__(self, model: torch.nn.Module, optim_cfg: OptimConfig, device: torch.device):
         if not hasattr(torch.optim, "Muon"):
             raise ConfigError(f"optim=muon needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
         groups = model.parameter_groups()
         matrices = groups.pop("matrices")
-        self.adamw, self.lr_tensor, _ = build_adamw(model, groups, ocfg, device)
-        self.group_settings = group_settings(ocfg)
+        self.adamw, self.lr_tensor, _ = build_adamw(model, groups, optim_cfg, device)
+        self.group_settings = group_settings(optim_cfg)
         mult, wd = self.group_settings["matrices"]
         # Muon's lr follows the schedule's shape: schedule(u) x muon.lr / lr, times the group's lr_mult.
-        self.group_settings["matrices"] = (mult * ocfg.muon.lr / ocfg.lr, wd)
+        self.group_settings["matrices"] = (mult * optim_cfg.muon.lr / optim_cfg.lr, wd)
         fused = model.fused_matrices()
         self.splits = []   # (stacked weight, its row-block views)
         params = []
@@ -317,10 +319,10 @@ class MuonAdamW:
             self.splits.append((p, views))
             params.extend(views)
         mult = self.group_settings["matrices"][0]
-        lr = torch.tensor(ocfg.lr * mult, dtype=torch.float32, device=device)
+        lr = torch.tensor(optim_cfg.lr * mult, dtype=torch.float32, device=device)
         self.muon = torch.optim.Muon([{"params": params, "group": "matrices", "lr_mult": mult, "lr": lr}],
-                                     lr=lr, weight_decay=wd, momentum=ocfg.muon.momentum,
-                                     nesterov=ocfg.muon.nesterov, ns_steps=ocfg.muon.ns_steps)
+                                     lr=lr, weight_decay=wd, momentum=optim_cfg.muon.momentum,
+                                     nesterov=optim_cfg.muon.nesterov, ns_steps=optim_cfg.muon.ns_steps)
         self.group_lrs = [g["lr"] for g in self.adamw.param_groups] + [lr]
 
     @property

@@ -342,13 +342,13 @@ class StopSignal:
 
 # --- stopping as diverged, and a checkpoint checked before its data is prepared ---------------------
 
-def diverged_message(s: int, consec: int, limit: int, log_interval: int) -> str:
+def diverged_message(s: int, consecutive: int, limit: int, log_interval: int) -> str:
     """Why a run stops as diverged. The count is read at logging steps (no per-step host sync), so it can
-    pass the limit before the stop; a skipped step changes nothing, so the model is as after s - consec."""
-    return (f"stopping at step {s}: {consec} consecutive non-finite steps were skipped (train.max_skipped={limit} "
-            f"was reached at step {s - consec + limit}; it is checked at logging steps, every "
+    pass the limit before the stop; a skipped step changes nothing, so the model is as after s - consecutive."""
+    return (f"stopping at step {s}: {consecutive} consecutive non-finite steps were skipped (train.max_skipped={limit} "
+            f"was reached at step {s - consecutive + limit}; it is checked at logging steps, every "
             f"logging.log_interval={log_interval}); the run has diverged, and its weights are "
-            f"those after step {s - consec}")
+            f"those after step {s - consecutive}")
 
 
 def load_compatible(path: Path, model_config, tokenizer: str) -> dict:

@@ -51,9 +51,14 @@ class ScheduleOptions:
 class Schedule:
     Options = ScheduleOptions
 
-    def __init__(self, ocfg: "OptimConfig", max_steps: int):
-        self.lr, self.min_lr, self.warmup, self.max_steps = ocfg.lr, ocfg.min_lr, ocfg.warmup_steps, max_steps
-        self.options = ocfg.schedule
+    def __init__(self, optim_cfg: "OptimConfig", max_steps: int):
+        self.lr, self.min_lr, self.warmup, self.max_steps = (
+            optim_cfg.lr,
+            optim_cfg.min_lr,
+            optim_cfg.warmup_steps,
+            max_steps,
+        )
+        self.options = optim_cfg.schedule
 
     def main(self, u, ops: _Ops):
         raise NotImplementedError
@@ -95,6 +100,6 @@ class Constant(Schedule):
         return u * 0 + self.lr
 
 
-def LRSchedule(ocfg: "OptimConfig", max_steps: int) -> Schedule:
-    """The schedule `ocfg.schedule` names (an unknown name raises ConfigError listing the valid ones)."""
-    return SCHEDULES[ocfg.schedule.name](ocfg, max_steps)
+def LRSchedule(optim_cfg: "OptimConfig", max_steps: int) -> Schedule:
+    """The schedule `optim_cfg.schedule` names (an unknown name raises ConfigError listing the valid ones)."""
+    return SCHEDULES[optim_cfg.schedule.name](optim_cfg, max_steps)

@@ -18,16 +18,21 @@ class TrainerState:
     def state_dict(self, rng_per_rank: list) -> dict:
         """The checkpoint (on rank 0); `rng_per_rank`: every rank's RNG streams, gathered by the caller."""
         return {
-            "model": self.model.state_dict(), "model_config": self.mcfg.to_dict(),
-            "tokenizer": self.tokenizer_name, "data_dir": str(self.data_dir),
+            "model": self.model.state_dict(),
+            "model_config": self.model_cfg.to_dict(),
+            "tokenizer": self.tokenizer_name,
+            "data_dir": str(self.data_dir),
             "optimizer": self.opt.state_dict(),
-            "scheduler": {"updates": self.updates.item(),
-                          "skipped_total": int(self.skipped.item()), "consecutive_skipped": int(self.consec.item()),
-                          "scaler": self.scaler.state_dict() if self.scaler else None},
+            "scheduler": {
+                "updates": self.updates.item(),
+                "skipped_total": int(self.skipped.item()),
+                "consecutive_skipped": int(self.consecutive.item()),
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+            },
             "monitor": {**self.spikes.state_dict(), "best_val_loss": self.best_val, "last_val": self.last_val},
             "rng": {"world_size": self.dist.world_size, "per_rank": rng_per_rank},
             "loader": self.loader.state_dict(),
-            "config": self.rc.composed,
+            "config": self.run_cfg.composed,
             "wandb_run_id": self.wandb_run_id,
             "train_s": self._train_s(),  # all segments up to this checkpoint (the summary's train_s)
         }
@@ -45,7 +50,7 @@ class TrainerState:
         s = ckpt["scheduler"]
         self.updates.fill_(s["updates"])
         self.skipped.fill_(s["skipped_total"])
-        self.consec.fill_(s["consecutive_skipped"])
+        self.consecutive.fill_(s["consecutive_skipped"])
         if self.scaler is not None and s.get("scaler"):
             self.scaler.load_state_dict(s["scaler"])
         m = ckpt.get("monitor") or {}
