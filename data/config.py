@@ -8,8 +8,13 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from common.config import Name, NonNegInt, PosInt, Range, bad, build, check, to_plain
 
+from common import Registry
+
 from .errors import DataError
-from .sources import SOURCES
+
+# name -> the function that opens a source's document streams; data/sources.py registers them (imported by
+# data/__init__.py, so the registry is full before any DataConfig is validated)
+SOURCES = Registry("data.source", DataError)
 
 @dataclass
 class DataConfig:

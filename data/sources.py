@@ -21,16 +21,12 @@ import re
 import sys
 import sysconfig
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import Callable, Iterator
 
-from common import Registry
 
 from .errors import DataError, HubUnreachable
 
-if TYPE_CHECKING:  # type hints only: the config imports this registry, not the other way round
-    from .config import DataConfig
-
-SOURCES = Registry("data.source", DataError)
+from .config import SOURCES, DataConfig  # noqa: F401  (SOURCES: each source below registers itself in it)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from common import ConfigError, Registry
 from common.config import (NonNeg, NonNegInt, PosInt, Positive, Range, bad, check, defaults, own_options, set_values,
                            to_plain, union_keys)
 
-from .schedules import SCHEDULES, LRSchedule, ScheduleOptions  # noqa: F401  (LRSchedule re-exported: the loop builds it here)
+from .schedules import SCHEDULES, Schedule, ScheduleOptions
 
 OPTIMIZERS = Registry("optim.name")
 
@@ -355,3 +355,10 @@ class MuonAdamW:
             raise ValueError("optimizer state is not Muon + AdamW's (was the run trained with another optim.name?)")
         self.adamw.load_state_dict(state["adamw"])
         self.muon.load_state_dict(state["muon"])
+
+
+def LRSchedule(optim_cfg: OptimConfig, max_steps: int) -> Schedule:
+    """The schedule `optim_cfg.schedule` names, over `max_steps` (an unknown name: ConfigError listing the
+    valid ones). Built here, beside OptimConfig, so that schedules.py needs nothing of the config."""
+    return SCHEDULES[optim_cfg.schedule.name](optim_cfg.lr, optim_cfg.min_lr, optim_cfg.warmup_steps, max_steps,
+                                              optim_cfg.schedule)

@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import torch
 
 from common import Registry
 from common.config import Range, check
-
-if TYPE_CHECKING:
-    from .config import OptimConfig
 
 SCHEDULES = Registry("optim.schedule")
 
@@ -51,14 +48,9 @@ class ScheduleOptions:
 class Schedule:
     Options = ScheduleOptions
 
-    def __init__(self, optim_cfg: "OptimConfig", max_steps: int):
-        self.lr, self.min_lr, self.warmup, self.max_steps = (
-            optim_cfg.lr,
-            optim_cfg.min_lr,
-            optim_cfg.warmup_steps,
-            max_steps,
-        )
-        self.options = optim_cfg.schedule
+    def __init__(self, lr: float, min_lr: float, warmup_steps: int, max_steps: int, options: ScheduleOptions):
+        self.lr, self.min_lr, self.warmup, self.max_steps = lr, min_lr, warmup_steps, max_steps
+        self.options = options
 
     def main(self, u, ops: _Ops):
         raise NotImplementedError
@@ -98,8 +90,3 @@ class WarmupStableDecay(Schedule):
 class Constant(Schedule):
     def main(self, u, ops):
         return u * 0 + self.lr
-
-
-def LRSchedule(optim_cfg: "OptimConfig", max_steps: int) -> Schedule:
-    """The schedule `optim_cfg.schedule` names (an unknown name raises ConfigError listing the valid ones)."""
-    return SCHEDULES[optim_cfg.schedule.name](optim_cfg, max_steps)
