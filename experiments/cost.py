@@ -73,7 +73,8 @@ def run_cost(label: str, cfg) -> dict:
     flops = fpt * tokens + n_evals * t.eval_tokens * fpt / 3  # an evaluation is a forward: a third of a step
     ckpt = n_all * 12  # fp32 weights and Adam's two moments
     precision = "bf16" if t.precision == "auto" else t.precision
-    meta = OmegaConf.to_container(cfg.get("experiment_meta") or {}, resolve=True)
+    meta = cfg.get("experiment_meta")
+    meta = OmegaConf.to_container(meta, resolve=True) if meta is not None else {}  # an ad-hoc sweep has none
     return {"label": label, "params": n_all, "tokens": tokens, "flops": flops, "precision": precision,
             "ckpt_bytes": ckpt, "ckpt_disk": ckpt * (t.keep_last + len(t.ckpt_steps)),
             "micro": t.micro_batch_size, "block": m.block_size, "batch_seqs": t.batch_tokens // m.block_size,
@@ -95,7 +96,8 @@ def plan_row(row: str, overrides: list[str], stand_ins: dict, files: dict) -> di
         swap = []
     from omegaconf import OmegaConf
 
-    meta = OmegaConf.to_container(base.get("experiment_meta") or {}, resolve=True)
+    meta = base.get("experiment_meta")
+    meta = OmegaConf.to_container(meta, resolve=True) if meta is not None else {}
     runs = [run_cost(label, compose([f"experiment={row}", *swap, *p, *overrides]))
             for label, p in points(meta).items()]
     return {"data": data, "runs": runs}

@@ -434,6 +434,9 @@ def plan_jobs(points: list[dict], args, sweep_dir: Path, sweep: str) -> list[tup
     return jobs
 
 
+COST_MFU = 0.4  # the MFU the printed cost assumes (scripts/paper.py --mfu chooses it per table)
+
+
 def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
     """Compose and validate each unfinished point's config as train.py will, before anything runs (also
     with --dry-run): a point that can never run is one line naming it, and nothing is started."""
@@ -447,17 +450,27 @@ def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
     from common.config import composition_error_line
     from trainer.config_store import group_defaults, register_code_configs
 
+    from experiments.cost import gpu_hours, gpu_name, run_cost
+
     register_code_configs()
-    bad = []
+    bad, costs = [], []
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
         for p, cmd in jobs:
             overrides = cmd[next(i for i, c in enumerate(cmd) if c.endswith("train.py")) + 1:]
             try:
-                parse_run_config(compose("config", overrides=overrides))
+                cfg = compose("config", overrides=overrides)
+                parse_run_config(cfg)
+                costs.append(run_cost(p["dir"], cfg))  # the model on the meta device: shapes only
             except UserError as e:
                 bad.append((p["dir"], " ".join(str(e).split())))
             except HydraException as e:
                 bad.append((p["dir"], composition_error_line(e, group_defaults())))
+    if costs and not bad:  # the cost before anything starts (experiments/cost.py)
+        gpu = gpu_name(None)
+        hours = sum(gpu_hours(c["flops"], gpu, c["precision"], COST_MFU) for c in costs)
+        print(f"# cost of the {len(costs)} point(s) to run: {sum(c['flops'] for c in costs) / 1e15:,.1f} PFLOP, "
+              f"{hours:,.2f} GPU-hours at {COST_MFU:.0%} MFU of {gpu}, checkpoints "
+              f"{sum(c['ckpt_disk'] for c in costs) / 1e9:,.1f} GB", flush=True)
     for d, msg in bad:
         print(f"# bad point {d}: {msg}")
     if bad:

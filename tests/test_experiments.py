@@ -301,6 +301,12 @@ def test_sweep_slurm_script_and_requirements(capsys, tmp_path: Path) -> None:
                        "--runs-root", str(tmp_path), "--", "data.files=/d/*.jsonl"]) == 0
     out = capsys.readouterr().out
     assert "norm.sublayer_input=raw" in out and "norm=pre_ln" not in out
+    # the cost comes before anything runs: 50k steps x 16,384 tokens of a 162M model, ~667 PFLOP, ~0.47 H100-hours
+    import re
+
+    cost = re.search(r"# cost of the 1 point\(s\) to run: ([\d,.]+) PFLOP, ([\d.]+) GPU-hours at 40% MFU", out)
+    assert cost and float(cost[1].replace(",", "")) == pytest.approx(667, rel=0.01), out[-500:]
+    assert float(cost[2]) == pytest.approx(0.47, abs=0.02)
     with pytest.raises(SystemExit, match="valid: pre_ln, post_ln, deepnorm, sandwich, geonorm, geonorm_raw"):
         sweep.main(["--experiment", "geonorm_125m_books3_512", "--dry-run", "--variants", "geonorm_normin",
                     "--", "data.files=/d/*.jsonl"])
