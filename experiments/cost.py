@@ -54,15 +54,16 @@ def memory_bytes(n_params: int, n_layer: int, n_embd: int, micro: int, block: in
     return 16 * n_params + micro * block * (34 * n_layer * n_embd + 10 * vocab)
 
 
-def run_cost(label: str, cfg) -> dict:
-    """The numbers of one run of an experiment (a composed config), from its model built on the meta device."""
+def run_cost(label: str, cfg, rc=None) -> dict:
+    """The numbers of one run of an experiment (a composed config; `rc` its RunConfig where the caller has
+    parsed it already), from its model built on the meta device."""
     import torch
     from omegaconf import OmegaConf
 
     from model import GPT
     from trainer.config import parse_run_config
 
-    rc = parse_run_config(cfg)
+    rc = rc or parse_run_config(cfg)
     with torch.device("meta"):  # shapes only: nothing is allocated
         model = GPT(rc.model)
     n_all = sum(p.numel() for p in model.parameters())

@@ -58,16 +58,16 @@ def pairs(items: list[str], flag: str) -> dict:
     return out
 
 
-def sweep_commands(spec: dict, args, plans: dict) -> list[list[str]]:
-    """One sweep.py command per row, with data.files (--files) or a stand-in data config (--stand-in)."""
-    files, stand = pairs(args.files, "--files"), pairs(args.stand_in, "--stand-in")
+def sweep_commands(spec: dict, args, plans: dict, files: dict, stand: dict) -> list[list[str]]:
+    """One sweep.py command per row, with data.files (--files) or a stand-in data config (--stand-in); the
+    sweep is named as paper_tables.sweep_dir finds it."""
     cmds = []
     for row in spec["rows"]:
         data = plans[row]["data"]
-        over, name = [], row
-        if data in stand:
-            over.append(f"data={stand[data]}")
-            name = f"{row}-{stand[data]}"
+        sweep, used = paper_tables.sweep_dir(Path(args.runs_root), row, data, stand)
+        over, name = [], sweep.name
+        if used:
+            over.append(f"data={used}")
         elif data in files:
             over.append(f"data.files={files[data]}")
         cmds.append([sys.executable, "scripts/sweep.py", "--experiment", row, "--name", name,
@@ -136,9 +136,10 @@ def main(argv=None) -> int:
     from experiments.cost import gpu_name, plan_row, render_cost
 
     gpu = gpu_name(args.gpu)
-    plans = {row: plan_row(row, args.overrides, stand, pairs(args.files, "--files")) for row in spec["rows"]}
+    files = pairs(args.files, "--files")
+    plans = {row: plan_row(row, args.overrides, stand, files) for row in spec["rows"]}
     print(render_cost(spec, plans, gpu, args.mfu), flush=True)
-    cmds = sweep_commands(spec, args, plans)
+    cmds = sweep_commands(spec, args, plans, files, stand)
     for cmd in cmds:
         print("$ " + shlex.join(["python", *cmd[1:]]), flush=True)
     if args.dry_run:

@@ -459,8 +459,7 @@ def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
             overrides = cmd[next(i for i, c in enumerate(cmd) if c.endswith("train.py")) + 1:]
             try:
                 cfg = compose("config", overrides=overrides)
-                parse_run_config(cfg)
-                costs.append(run_cost(p["dir"], cfg))  # the model on the meta device: shapes only
+                costs.append(run_cost(p["dir"], cfg, parse_run_config(cfg)))  # the model on the meta device
             except UserError as e:
                 bad.append((p["dir"], " ".join(str(e).split())))
             except HydraException as e:
