@@ -34,6 +34,11 @@ class DataConfig:
     files: Union[str, list, None] = None      # local: glob or list of globs of .txt / .jsonl / .json / .parquet
     val_files: Union[str, list, None] = None  # local: own validation files; null: hold out val_fraction
     pile_set_name: Optional[str] = None  # local Pile-format jsonl(.zst): keep records whose meta.pile_set_name is this
+    #: pysrc: the distributions whose .py files follow the stdlib's, by name; null: every one the install
+    #: requires (which then changes with the project's dependencies)
+    packages: Optional[list] = None
+    #: pysrc: the corpus's expected sha256 (meta.json's stream0.sha256); another corpus is refused
+    sha256: Optional[str] = None
     #: .txt: one document per file, per blank-line paragraph, or per line
     txt_sample_by: Literal["document", "paragraph", "line"] = "document"
     #: held-out fraction of DOCUMENTS (when there is no val split)
@@ -48,9 +53,10 @@ class DataConfig:
     @classmethod
     def content_keys(cls) -> list[str]:
         """The keys that change the prepared tokens (recorded in meta.json, compared on reuse): all but
-        the name, where the data lives and how fast it is read (a new key counts, to be safe)."""
+        the name, where the data lives, how fast it is read and the expected hash, which checks the tokens
+        instead of choosing them (a new key counts, to be safe)."""
         return [f.name for f in fields(cls) if f.name not in ("name", "root", "streaming", "cache_dir", "num_workers",
-                                                             "batch_docs")]
+                                                             "batch_docs", "sha256")]
 
     @classmethod
     def from_any(cls, cfg: Any) -> "DataConfig":
@@ -66,6 +72,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         check(self, "data", DataError)
         SOURCES[self.source]  # an unknown name raises one line listing the valid ones
+        if self.packages is not None and not all(isinstance(p, str) for p in self.packages):
+            bad("data.packages", self.packages, "must be a list of distribution names (or null)", DataError)
         for key in ("files", "val_files"):
             v = getattr(self, key)
             if isinstance(v, str):

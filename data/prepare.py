@@ -18,6 +18,7 @@ if __name__ == "__main__" and not __package__:
     raise SystemExit(0)
 
 import collections
+import dataclasses
 import fcntl
 import hashlib
 import json
@@ -47,6 +48,8 @@ from .files import read_json
 META_FORMAT = "nanonorm-data"
 PROGRESS = "progress.json"
 CHECKPOINT_EVERY_S = 30.0
+# each data.* key's default, for a meta.json written before the key existed
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DataConfig)}
 
 
 # ------------------------------------------------------------------------------------------ val split
@@ -239,9 +242,15 @@ def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
     for k, v in cfg.content().items():
         if k == "val_min_tokens" and k not in old and meta["splits"]["val"]["tokens"] >= v:
             continue  # prepared before the key existed, and its val split is already that large
+        if k not in old and v == _DEFAULTS.get(k):
+            continue  # prepared before the key existed, which now holds its default: the same tokens
         if old.get(k) != v:
             raise DataError(f"{out} was prepared with data.{k}={old.get(k)!r}, not {v!r}: delete it, or set "
                             f"data.name (or data.root) to prepare elsewhere")
+    got = [st.get("sha256") for k, st in sorted(meta.get("source", {}).items()) if k.startswith("stream")]
+    if cfg.sha256 is not None and got != [cfg.sha256]:
+        raise DataError(f"{out} holds a corpus with sha256 {', '.join(map(str, got)) or 'unrecorded'}, not "
+                        f"data.sha256={cfg.sha256}: delete it to prepare this install's, or set data.sha256=null")
     for split in meta["splits"].values():
         for sh in split["shards"]:
             f = out / sh["file"]

@@ -228,12 +228,32 @@ def pysrc_index(groups: list[tuple[str, list[tuple[str, str]]]], max_bytes: int 
     return kept, info
 
 
-def _pysrc_stream() -> Stream:
+def named_distributions(names: list) -> list:
+    """The installed distributions `names`, in that order; one not installed raises DataError naming it."""
+    import importlib.metadata as md
+
+    out = []
+    for name in names:
+        try:
+            out.append(md.distribution(name))
+        except md.PackageNotFoundError:
+            raise DataError(f"data.packages names {name!r}, which is not installed here: install the tested set "
+                            "(pip install -e . -c constraints.txt) or drop it from data.packages") from None
+    return out
+
+
+def _pysrc_stream(packages: list | None = None, sha256: str | None = None) -> Stream:
     groups = [(f"stdlib (Python {sys.version.split()[0]})", _stdlib_files())]
-    groups += [(f"{d.metadata['Name']}=={d.version}", _dist_files(d)) for d in required_distributions()]
+    dists = required_distributions() if packages is None else named_distributions(packages)
+    groups += [(f"{d.metadata['Name']}=={d.version}", _dist_files(d)) for d in dists]
     paths, info = pysrc_index(groups)
     if not paths:
         raise DataError("data.source=pysrc: no readable .py files in the stdlib or the installed packages")
+    if sha256 is not None and info["sha256"] != sha256:
+        # the same names at other versions (or another Python) are another corpus: results would not compare
+        raise DataError(f"data.sha256={sha256}: this install's pysrc corpus hashes to {info['sha256']} "
+                        f"(Python {sys.version.split()[0]}, {len(dists)} packages): install the tested versions "
+                        "(pip install -e . -c constraints.txt), or set data.sha256=null for a corpus of your own")
 
     def batches(skip):
         for i in range(skip, len(paths), 64):
@@ -247,7 +267,7 @@ def _pysrc_stream() -> Stream:
 
 
 def _pysrc_source(cfg: DataConfig) -> list[Stream]:
-    return [_pysrc_stream()]
+    return [_pysrc_stream(cfg.packages, cfg.sha256)]
 
 
 # ------------------------------------------------------------------------------------------- datasets

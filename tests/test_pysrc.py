@@ -1,12 +1,15 @@
 """The long-horizon corpus `pysrc`: which files it keeps (deduplicated, UTF-8, size-capped), the hash that
-names its content, and a small slice prepared and split by whole files."""
+names its content, the listed packages and the expected hash that fix it, and a small slice prepared and
+split by whole files."""
 import json
 
 import numpy as np
+import pytest
 
-from data import get_tokenizer, prepare_dataset
+from data import DataConfig, DataError, get_tokenizer, prepare_dataset
+from data.prepare import compose_data_config
 from data.shards import open_shard
-from data.sources import _pysrc_stream, pysrc_index, required_distributions
+from data.sources import _pysrc_stream, named_distributions, pysrc_index, required_distributions
 
 
 def _write(tmp_path, name, data: bytes):
@@ -63,3 +66,43 @@ def test_a_slice_prepares_with_its_composition_and_splits_by_whole_files(tmp_pat
             break
     assert len(docs) == meta["splits"]["val"]["documents"]
     assert set(docs) <= set(texts[:60])
+
+
+def test_the_listed_packages_fix_the_composition_and_a_missing_one_is_named():
+    info = _pysrc_stream(["numpy", "torch"]).info
+    assert [c["group"].split("==")[0] for c in info["composition"]][1:] == ["numpy", "torch"]
+    assert info["composition"][0]["group"].startswith("stdlib")
+    with pytest.raises(DataError, match=r"data.packages names 'no-such-dist', which is not installed"):
+        named_distributions(["numpy", "no-such-dist"])
+
+
+def test_the_configured_package_list_is_what_a_fresh_install_has():
+    # data=pysrc lists its packages by name so a new dependency does not change the corpus; each listed
+    # name must still come with `pip install -e .`, or a fresh machine cannot prepare it
+    listed = DataConfig.from_any(compose_data_config(["data=pysrc"])).packages
+    required = {d.metadata["Name"].lower() for d in required_distributions()}
+    assert listed and {n.lower() for n in listed} <= required
+
+
+def test_an_expected_hash_refuses_another_corpus(tmp_path):
+    with pytest.raises(DataError, match=r"data.sha256=0+: this install's pysrc corpus hashes to [0-9a-f]{64}"):
+        _pysrc_stream(["numpy"], sha256="0" * 64)
+    cfg = {"name": "pysrc", "source": "pysrc", "root": str(tmp_path), "max_docs": 8, "val_fraction": 0.25,
+           "val_min_tokens": 1, "packages": ["numpy"]}
+    out = prepare_dataset(cfg, progress=False)
+    got = json.loads((out / "meta.json").read_text())["source"]["stream0"]["sha256"]
+    assert prepare_dataset({**cfg, "sha256": got}, progress=False) == out   # the recorded corpus: reused
+    with pytest.raises(DataError, match=rf"holds a corpus with sha256 {got}, not data.sha256=1+"):
+        prepare_dataset({**cfg, "sha256": "1" * 64}, progress=False)
+
+
+def test_a_key_newer_than_the_prepared_dir_counts_as_its_default(tmp_path):
+    cfg = {"name": "pysrc", "source": "pysrc", "root": str(tmp_path), "max_docs": 8, "val_fraction": 0.25,
+           "val_min_tokens": 1}
+    out = prepare_dataset(cfg, progress=False)
+    meta = json.loads((out / "meta.json").read_text())
+    del meta["config"]["packages"]                       # as written before data.packages existed
+    (out / "meta.json").write_text(json.dumps(meta))
+    assert prepare_dataset(cfg, progress=False) == out
+    with pytest.raises(DataError, match=r"prepared with data.packages=None, not \['numpy'\]"):
+        prepare_dataset({**cfg, "packages": ["numpy"]}, progress=False)
