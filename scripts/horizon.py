@@ -227,6 +227,8 @@ def _complete(d: Path) -> bool:
 
 
 def _train_trunk(runner, part, steps, decay, warmup, slots, cell, lr, mult, seed, role) -> None:
+    if children.stopped():  # a queued trunk after Ctrl-C / SIGTERM: start nothing, leave no empty run dir
+        raise children.Stopped(children.stopped())
     study, args = runner.study, runner.args
     out = trunk_dir(args.runs_root, part, cell, lr, mult, seed)
     out.mkdir(parents=True, exist_ok=True)

@@ -126,3 +126,12 @@ def test_trunks_run_at_once_are_on_different_gpus(study_env):
     runner.args.jobs = 3
     with __import__("pytest").raises(SystemExit, match="--jobs 3: 2 visible GPU"):
         hz.run_part(runner, part)
+
+
+def test_after_a_stop_signal_no_queued_trunk_starts(study_env, monkeypatch):
+    # SIGTERM while trunks run: the trunks still queued neither start nor leave an empty run dir behind
+    hz, study, part, runner, trained = study_env
+    monkeypatch.setattr(hz.children, "_stopped", [15])
+    with pytest.raises(hz.children.Stopped):
+        hz.run_part(runner, part)
+    assert trained == [] and not list(runner.args.runs_root.glob("**/point.json"))
