@@ -19,8 +19,8 @@ def without_out_dir(args):
 
 
 @pytest.mark.slow
-def test_a_branch_equals_the_direct_wsd_run_of_its_horizon_bitwise(tmp_path, load_script, pydocs):
-    br = load_script("branches")
+def test_a_branch_equals_the_direct_wsd_run_of_its_horizon_bitwise(tmp_path, pydocs):
+    from experiments import branches as br
     p = br.plan([12, 24], 0.25, warmup=2)
     assert p == {"trunk": 24, "branches": {12: 9}} and br.cost(p) == pytest.approx(1.125)
     out = tmp_path / "hz"
@@ -51,8 +51,8 @@ def test_a_branch_equals_the_direct_wsd_run_of_its_horizon_bitwise(tmp_path, loa
     assert json.loads((out / "horizons.json").read_text())["trunk_steps"] == 24
 
 
-def test_the_plan_refuses_what_cannot_branch(load_script):
-    br = load_script("branches")
+def test_the_plan_refuses_what_cannot_branch():
+    from experiments import branches as br
     with pytest.raises(SystemExit, match="horizon 10 starts its decay at step 8, inside optim.warmup_steps=8"):
         br.plan([10, 40], 0.2, warmup=8)
     with pytest.raises(SystemExit, match="--decay-frac 1.0: must be in"):

@@ -12,16 +12,18 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
+BENCHMARKS = REPO / "benchmarks"
 CONFIGS = REPO / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 
 
 def _load(name: str):
-    """Import scripts/<name>.py as the module `name`, as `python scripts/<name>.py` would see it
-    (a few import each other by bare name)."""
+    """Import scripts/<name>.py (benchmarks/<name>.py for a bench_*) as the module `name`, as
+    `python scripts/<name>.py` would see it."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, (BENCHMARKS if name.startswith("bench_") else SCRIPTS)
+                                                  / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules[name] = mod
     spec.loader.exec_module(mod)
@@ -177,9 +179,10 @@ def _png_ok(path: Path) -> None:
 
 @pytest.mark.slow
 def test_plots_from_synthetic_runs(study: Path, tmp_path: Path) -> None:
-    plot_curves = _load("plot_curves")
+    from experiments import curves as plot_curves
+
     out = tmp_path / "figs" / "study"
-    assert plot_curves.main([str(study), "--out", str(out), "--ema", "0.5"]) == 0
+    assert _load("plot_curves").main([str(study), "--out", str(out), "--ema", "0.5"]) == 0
     _png_ok(out.with_name("study_loss.png"))
     _png_ok(out.with_name("study_rms.png"))
     # band: mean/min/max over seeds on a common token grid
@@ -196,7 +199,7 @@ def test_plot_colours_and_order_follow_the_variant_registry(tmp_path: Path) -> N
     registry's order; groups that are not one variant each (an ablation's points) get other colours."""
     from model import VARIANTS
 
-    plot_curves = _load("plot_curves")
+    from experiments import curves as plot_curves
 
     def groups(*specs: tuple[str, str]) -> dict:
         runs = [runlib.load_run(make_run(tmp_path / f"{label}-{len(list(tmp_path.iterdir()))}", norm, 0, 3.0))
@@ -434,7 +437,7 @@ def test_bench_train_leaves_no_temp_dirs(tmp_path):
     from helpers import TINY
 
     env = {**os.environ, "TMPDIR": str(tmp_path), "OMP_NUM_THREADS": "1", "WANDB_MODE": "disabled"}
-    r = subprocess.run([sys.executable, str(SCRIPTS / "bench_train.py"), "--steps", "2", "--repeats", "1",
+    r = subprocess.run([sys.executable, str(BENCHMARKS / "bench_train.py"), "--steps", "2", "--repeats", "1",
                         "--warmup", "1", *TINY], cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "median: bare" in r.stdout

@@ -165,9 +165,6 @@ def test_new_study_is_one_yaml_file(tmp_path, pydocs, load_script, capfd, monkey
     path.write_text(yaml.safe_dump(study))
     argv = [str(path), "--runs-root", str(tmp_path / "runs"), "--docs", str(tmp_path / "docs"), "--", *TINY,
             "train.max_steps=2"]
-    from helpers import REPO
-
-    monkeypatch.syspath_prepend(str(REPO / "scripts"))   # its modules import each other by bare name
     for _ in range(2):   # the second time every run is finished: nothing runs again
         capfd.readouterr()
         assert load_script("study").main(argv) == 0   # its sweeps and runs are subprocesses, as on the command line

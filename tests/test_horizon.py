@@ -1,4 +1,4 @@
-"""The horizon part kind (scripts/horizon.py) on synthetic trunks: the lr chosen on the selection seeds and
+"""The horizon part kind (experiments/horizon.py) on synthetic trunks: the lr chosen on the selection seeds and
 bracketed, the scalar-lr axis, fresh test seeds at each horizon's best, and the paired report."""
 import json
 import math
@@ -18,9 +18,8 @@ def fake_loss(cell, lr, mult, seed, steps):
 
 
 @pytest.fixture
-def study_env(tmp_path, load_script, monkeypatch):
-    load_script("sweep"), load_script("branches")
-    hz, S = load_script("horizon"), load_script("study")
+def study_env(tmp_path, monkeypatch):
+    from experiments import horizon as hz, study as S
     study = S.Study.load("horizon")
     study.cells = {"gpt2.pre_ln": {"overrides": {"norm": "pre_ln"}, "start": 3e-3},
                    "gpt2.mhc": {"overrides": {"norm": "mhc"}, "start": 3e-3, "scalar_lr_mults": [1, 10]}}
@@ -77,16 +76,18 @@ def test_selection_brackets_tunes_the_scalar_lr_and_tests_on_fresh_seeds(study_e
 def test_the_report_compares_paired_by_seed_on_the_test_seeds(study_env, tmp_path, monkeypatch):
     hz, study, part, runner, trained = study_env
     hz.run_part(runner, part)
+    from studies.horizon import report as hr
+
     rows = hz.collect(runner.args.runs_root, part)
-    res = hz.analyse(study, part, rows)
+    res = hr.analyse(study, part, rows)
     e = res[4.0]["gpt2.mhc"]
     assert e["setting"] == (3e-3, 10.0) and sorted(e["test"]) == [2, 3, 4]
     assert e["paired"].mean == pytest.approx(-0.05) and e["paired"].diffs == pytest.approx((-0.05,) * 3)
     assert e["verdict"].startswith("gpt2.mhc ahead")
     assert res[4.0]["gpt2.pre_ln"]["vertex"][0] == pytest.approx(1e-2, rel=1e-6)   # the parabola in log-lr
-    monkeypatch.setattr(hz, "corpus_line", lambda exp: "Corpus: synthetic.")
-    monkeypatch.setattr(hz, "scalar_table", lambda *a: [])
-    hz.report(study, runner.args.runs_root, tmp_path / "docs", "horizon")
+    monkeypatch.setattr(hr, "corpus_line", lambda exp: "Corpus: synthetic.")
+    monkeypatch.setattr(hr, "scalar_table", lambda *a: [])
+    hr.report(study, runner.args.runs_root, tmp_path / "docs", "horizon")
     text = (tmp_path / "docs" / "horizon" / "tables.md").read_text()
     assert "### a: 4 tokens per parameter" in text and "| gpt2.mhc | 0.003 | 10 |" in text
     lines = (tmp_path / "docs" / "horizon" / "results.jsonl").read_text().splitlines()
@@ -101,16 +102,18 @@ def test_a_fresh_checkout_resumes_from_the_published_results(study_env, monkeypa
     are read from it and not trained again, and the report writes the same results back."""
     import shutil
 
+    from studies.horizon import report as hr
+
     hz, study, part, runner, trained = study_env
-    monkeypatch.setattr(hz, "corpus_line", lambda exp: "Corpus: synthetic.")
+    monkeypatch.setattr(hr, "corpus_line", lambda exp: "Corpus: synthetic.")
     hz.run_part(runner, part)
-    hz.report(study, runner.args.runs_root, runner.args.docs, "horizon")
+    hr.report(study, runner.args.runs_root, runner.args.docs, "horizon")
     results = runner.args.docs / "horizon" / "results.jsonl"
     before, n = sorted(results.read_text().splitlines()), len(trained)
     shutil.rmtree(runner.args.runs_root)
     hz.run_part(runner, part)
     assert len(trained) == n
-    hz.report(study, runner.args.runs_root, runner.args.docs, "horizon")
+    hr.report(study, runner.args.runs_root, runner.args.docs, "horizon")
     assert sorted(results.read_text().splitlines()) == before
     # a published trunk missing a horizon is trained again
     results.write_text("".join(x + "\n" for x in before if not ('"seed": 4' in x and '"tpp": 4.0' in x)))

@@ -205,14 +205,14 @@ def test_switches_through_hydra(tmp_path):
 
 
 def test_layer_ablation_script(tmp_path):
-    """scripts/layer_ablation.py: base loss = the trainer's final validation loss on the same budget;
+    """studies/fidelity/layer_ablation.py: base loss = the trainer's final validation loss on the same budget;
     a block whose residual projections are zero (a Pre-LN block that adds nothing) costs nothing to skip."""
     import importlib.util
     import json
     from pathlib import Path
 
     spec = importlib.util.spec_from_file_location(
-        "layer_ablation", Path(__file__).parents[1] / "scripts" / "layer_ablation.py"
+        "layer_ablation", Path(__file__).parents[1] / "studies" / "fidelity" / "layer_ablation.py"
     )
     la = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(la)

@@ -35,7 +35,6 @@ def test_each_variants_scalars_are_logged_and_move(tmp_path, pydocs, load_script
 
 @pytest.mark.slow
 def test_gate_means_are_logged_and_the_scalars_plot(tmp_path, pydocs, load_script):
-    load_script("plot_curves")  # imported by bare name
     plot = load_script("plot_geometry")
     run = tmp_path / "gated"
     train(make_cfg(run, "model.attn_gate=headwise", "norm=geonorm", "train.max_steps=4", "logging.stats_interval=2"))

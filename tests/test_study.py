@@ -1,5 +1,6 @@
-"""The staged study runner (scripts/study.py) on the step-scale study's file: lr brackets, the best on the
-mean over seeds, edge points, picks, the chaos part's twins, shapes, and one-line errors for bad files."""
+"""The staged study runner (experiments/study.py, scripts/study.py) on the step-scale study's file: lr
+brackets, the best on the mean over seeds, edge points, picks, the chaos part's twins, shapes, and one-line
+errors for bad files."""
 from pathlib import Path
 
 import pytest
@@ -152,8 +153,7 @@ def fake_run_dir(sweep_dir, cell, arch, norm, optim, key, value, seed, loss, sta
 
 
 def test_the_axes_study_report_ranks_each_block_from_the_run_dirs(tmp_path, load_script):
-    load_script("plot_curves")   # the report imports it by bare name, as scripts/ sees it
-    axes_report = load_script("axes_report")
+    from studies.axes import report as axes_report
     study = S.Study.load("axes")
     sweep = tmp_path / "runs" / "axes"
     for cell, arch, norm, optim, key, start, losses in [
@@ -174,9 +174,7 @@ def test_the_axes_study_report_ranks_each_block_from_the_run_dirs(tmp_path, load
 
 
 def test_the_step_scale_report_writes_its_tables_and_figures_from_the_run_dirs(tmp_path, load_script):
-    load_script("plot_curves")   # the report imports these by bare name, as scripts/ sees them
-    load_script("plot_geometry")
-    report = load_script("step_scale_report")
+    from studies.step_scale import report
     study, root = S.Study.load("step_scale"), tmp_path / "runs"
     stats = [{"step": s, "tokens": 2048 * s, **{f"geo/angle/{j}": 0.1 * (j + 1) for j in range(4)},
               "geo/rel_update/0": 0.01, "geo/grad/0": 1.0} for s in (0, 100)]
@@ -205,8 +203,7 @@ def test_the_step_scale_report_writes_its_tables_and_figures_from_the_run_dirs(t
 def test_the_fidelity_report_writes_each_parts_tables_and_figures_from_the_run_dirs(tmp_path, load_script):
     import json
 
-    load_script("plot_curves")   # the report imports it by bare name, as scripts/ sees it
-    report = load_script("fidelity_report")
+    from studies.fidelity import report
     study, root = S.Study.load("fidelity"), tmp_path / "runs"
 
     def run(sweep, cell, lr, seed, loss, **kw):
@@ -244,7 +241,6 @@ def test_the_fidelity_report_writes_each_parts_tables_and_figures_from_the_run_d
 
 def test_a_report_without_finished_runs_leaves_the_committed_tables(tmp_path, capsys, load_script):
     """`study.py <study> --report` in a fresh checkout (no run dirs) must not overwrite published tables."""
-    load_script("plot_curves")
     for name in ("axes", "methods"):  # a study with its own report module, and one with the generic tables
         tables = tmp_path / "docs" / name / "tables.md"
         tables.parent.mkdir(parents=True)
@@ -318,7 +314,7 @@ def test_fidelity_parts_chain_the_best_lr_then_the_best_multiplier(monkeypatch, 
 
 
 def test_a_contrast_compares_two_cells_at_one_value(load_script):
-    tables = load_script("study_tables")
+    from experiments import study_tables as tables
     study = S.Study.load("methods")
     runs = grid("gpt2.pre_ln", {3e-3: [2.37, 2.38, 2.38], 1e-2: [2.70, 2.72, 2.75]}) + \
         grid("gpt2.pre_ln-gated", {3e-3: [2.37, 2.38, 2.39], 1e-2: [2.47, 2.48, 2.46]})
@@ -332,7 +328,7 @@ def test_a_contrast_compares_two_cells_at_one_value(load_script):
 def test_study_tables_pair_each_cell_with_its_reference_by_seed_and_correct_over_the_table(load_script):
     """A cell whose per-seed losses track the reference's is equivalent though its seeds spread more than the
     gap (a two-sample test could not say so); a cell worse on every seed is behind; Holm is over the table."""
-    tables = load_script("study_tables")
+    from experiments import study_tables as tables
     study = S.Study.load("methods")
     ref = {1e-3: [2.50, 2.45, 2.55], 3e-3: [2.40, 2.35, 2.45], 1e-2: [2.60, 2.55, 2.65]}
     runs = grid("gpt2.pre_ln", ref) + \
@@ -348,8 +344,8 @@ def test_study_tables_pair_each_cell_with_its_reference_by_seed_and_correct_over
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(p.stem for p in (Path(__file__).resolve().parents[1] / "configs" / "study")
-                                        .glob("*.yaml")))
+@pytest.mark.parametrize("name", sorted(p.parent.name for p in (Path(__file__).resolve().parents[1] / "studies")
+                                        .glob("*/study.yaml")))
 def test_every_cell_and_ablation_of_a_study_file_is_a_valid_run_config(name, load_script):
     """A study file's overrides compose and validate on its experiment before the study spends hours on
     its other cells (a renamed key fails here, not when its part starts)."""
@@ -358,7 +354,9 @@ def test_every_cell_and_ablation_of_a_study_file_is_a_valid_run_config(name, loa
     from trainer.config import parse_run_config
     from trainer.config_store import CONFIG_DIR, register_code_configs
 
-    sweep, study = load_script("sweep"), S.Study.load(name)
+    from experiments import sweep
+
+    study = S.Study.load(name)
     cells = {c: spec["overrides"] for c, spec in study.cells.items()}
     cells.update({a: {**study.cells[spec["of"]]["overrides"], **spec["overrides"]}
                   for p in study.parts for a, spec in (p.get("ablations") or {}).items()})
@@ -369,3 +367,24 @@ def test_every_cell_and_ablation_of_a_study_file_is_a_valid_run_config(name, loa
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             rc = parse_run_config(compose("config", overrides=args))
         assert rc.model.norm.name == str(overrides.get("norm", rc.model.norm.name)), cell
+
+
+def test_the_cpu_study_report_writes_both_settings_figures_and_one_table(tmp_path):
+    """The CPU study (two experiments' points as they are) writes what its shell wrapper used to: the loss
+    and RMS figures per setting under docs/ and one table of both."""
+    from studies.cpu_study import report
+
+    study, root = S.Study.load("cpu_study"), tmp_path / "runs"
+    assert [p["kind"] for p in study.parts] == ["points", "points"] and not study.ladder   # nothing tuned
+    stats = [{"step": 400, "tokens": 819_200, **{f"rms/{j}": 1.0 + j for j in range(3)}}]
+    for sweep, losses in (("cpu_study", {"pre_ln": 2.40, "geonorm": 2.35}), ("cpu_study_deep", {"pre_ln": 2.9})):
+        for cell, loss in losses.items():
+            fake_run_dir(root / sweep, cell, "gpt2", cell, "adamw", "optim.lr", 1e-3, 0, loss, stats)
+    report.report(study, root, tmp_path / "docs", "cpu_study")
+    table = (tmp_path / "docs" / "cpu_study_table.md").read_text()
+    assert table.startswith("# CPU study: every variant, pydocs, byte tokenizer")
+    assert "(a) 6 layers x d=256" in table and "(b) 24 layers x d=128" in table
+    a, b = table.split("**(b)")
+    assert "| geonorm-lr-0.001 | 1 | 2.3500 |" in a and "| pre_ln-lr-0.001 | 1 | 2.4000 |" in a
+    assert "| pre_ln-lr-0.001 | 1 | 2.9000 |" in b and "geonorm" not in b
+    assert all((tmp_path / "docs" / f"cpu_study_{p}_{k}.png").is_file() for p in "ab" for k in ("loss", "rms"))

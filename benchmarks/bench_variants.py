@@ -1,10 +1,10 @@
 """Step time and activation memory of every variant relative to pre_ln.
 
-    python scripts/bench_variants.py                 # eager, CPU, 6 layers d=384 T=256 batch 8 vocab 256
-    python scripts/bench_variants.py --compile       # also torch.compile'd (slow to warm up on CPU)
-    python scripts/bench_variants.py --variants geonorm proj_spheret --repeats 15
-    python scripts/bench_variants.py --arch llama --variants pre_ln ngpt   # on a preset (configs/arch/)
-    python scripts/bench_variants.py --variants pre_ln:attn_gate=headwise hc:dynamic=true   # name:key=value,...
+    python benchmarks/bench_variants.py                 # eager, CPU, 6 layers d=384 T=256 batch 8 vocab 256
+    python benchmarks/bench_variants.py --compile       # also torch.compile'd (slow to warm up on CPU)
+    python benchmarks/bench_variants.py --variants geonorm proj_spheret --repeats 15
+    python benchmarks/bench_variants.py --arch llama --variants pre_ln ngpt   # on a preset (configs/arch/)
+    python benchmarks/bench_variants.py --variants pre_ln:attn_gate=headwise hc:dynamic=true   # name:key=value,...
 
 Time: median of forward+backward over interleaved repeats (variant, pre_ln, pre_ln, variant, ...)
 after warm-up, since a shared machine's speed drifts by several percent; the ratio is taken per

@@ -1,4 +1,4 @@
-"""Tables and figures of the step-scale study, its report (configs/study/step_scale.yaml names it).
+"""Tables and figures of the step-scale study, its report (studies/step_scale/study.yaml names it).
 
     python scripts/study.py step_scale --report [--runs-root runs] [--docs docs]
 
@@ -227,7 +227,7 @@ def figures(out: Path, rows: dict[str, dict], order: list[str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from plot_curves import OTHER_COLORS, variant_colors
+    from experiments.curves import OTHER_COLORS, variant_colors
 
     fig, ax = plt.subplots(figsize=(8, 4.8))
     for i, cell in enumerate(c for c in order if c in rows):
@@ -247,7 +247,7 @@ def figures(out: Path, rows: dict[str, dict], order: list[str]) -> None:
     fig.savefig(out / "a_lr.png", dpi=120)
     plt.close(fig)
 
-    import plot_geometry
+    from experiments import geometry_plots as plot_geometry
     picks = [c for c in ("pre_ln", "pre_ln-rms1", "proj_spheret", "proj_spheret-a8", "geonorm", "geonorm-normin")
              if c in rows]
     seed0 = [next((r for r in rows[c]["runs"] if str(r.seed) == "0"), rows[c]["runs"][0]) for c in picks]
@@ -264,7 +264,7 @@ def trend_figure(out: Path, fit: dict, n_params: dict) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from plot_curves import variant_colors
+    from experiments.curves import variant_colors
 
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     widths, depths = _axes(n_params)
@@ -360,14 +360,3 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
         figures(out, rows, order)
     trend_figure(out, fit, n_params)
     print(f"wrote {out / 'tables.md'}")
-
-
-if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
-    import sys
-
-    print(
-        "usage: scripts/step_scale_report.py is the step-scale study's report "
-        "(python scripts/study.py step_scale --report); it is not a command",
-        file=sys.stderr,
-    )
-    sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

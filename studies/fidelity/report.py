@@ -1,4 +1,4 @@
-"""Figures and tables of the fidelity study (configs/study/fidelity.yaml) from its run dirs: its report.
+"""Figures and tables of the fidelity study (studies/fidelity/study.yaml) from its run dirs: its report.
 
     python scripts/study.py fidelity --report [--runs-root runs] [--docs docs]
 
@@ -399,8 +399,8 @@ def report(study, root: Path, docs: Path, experiment: str | None = None) -> None
     sweeps = {p["name"]: study.sweep_of(p) for p in study.parts}
     a, b, c, d, e = (runlib.load_sweep(root / sweeps[p]) for p in ("grid", "scalars", "horizon", "choices", "depth"))
     lines = ["# Fidelity study: generated tables", "",
-             "Written by `bash scripts/run_fidelity_study.sh` (`python scripts/study.py fidelity`: "
-             "`configs/study/fidelity.yaml`, `scripts/fidelity_report.py`); the discussion is in "
+             "Written by `python scripts/study.py fidelity` (`python scripts/study.py fidelity`: "
+             "`studies/fidelity/study.yaml`, `studies/fidelity/report.py`); the discussion is in "
              "`docs/fidelity_study.md`.", ""]
     def done(name, runs):  # a part still running is reported from its finished runs, and says so
         if runs and not all(r.finished for r in runs):
@@ -436,14 +436,3 @@ def report(study, root: Path, docs: Path, experiment: str | None = None) -> None
         lines += [f"Parts not run yet: {', '.join(missing)}.", ""]
     atomic_write(out / "tables.md", "\n".join(lines).rstrip() + "\n")
     print(f"wrote {out / 'tables.md'} and the figures beside it")
-
-
-if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
-    import sys
-
-    print(
-        "usage: scripts/fidelity_report.py is the fidelity study's report (python scripts/study.py fidelity --report); "
-        "it is not a command",
-        file=sys.stderr,
-    )
-    sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

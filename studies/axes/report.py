@@ -1,4 +1,4 @@
-"""Tables and figure of the axes study, its report (configs/study/axes.yaml names it).
+"""Tables and figure of the axes study, its report (studies/axes/study.yaml names it).
 
     python scripts/study.py axes --report [--runs-root runs] [--docs docs]
 
@@ -23,7 +23,7 @@ def row_key(arch: str, variant: str, optim: str) -> str:
 
 
 def report(study, root: Path, docs: Path, experiment: str) -> None:
-    """docs/axes/{tables.md, axes.png}; `study` is scripts/study.py's Study of configs/study/axes.yaml."""
+    """docs/axes/{tables.md, axes.png}; `study` is scripts/study.py's Study of studies/axes/study.yaml."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -83,7 +83,7 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
     fig, ax = plt.subplots(figsize=(8, 4.5))
     cols = [(a, "adamw") for a in ARCHS_REPORT] + [("llama", "muon")]
     names = [f"{a}\n{o}" for a, o in cols]
-    from plot_curves import variant_colors  # the registry's colour of each variant, as in every figure
+    from experiments.curves import variant_colors  # the registry's colour of each variant, as in every figure
     for i, variant in enumerate(VARIANTS):
         xs, ys, es = [], [], []
         for j, (arch, optim) in enumerate(cols):
@@ -103,14 +103,3 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
     fig.savefig(out / "axes.png", dpi=120)
     plt.close(fig)
     print(f"wrote {out / 'tables.md'} and {out / 'axes.png'}")
-
-
-if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
-    import sys
-
-    print(
-        "usage: scripts/axes_report.py is the axes study's report (python scripts/study.py axes --report); "
-        "it is not a command",
-        file=sys.stderr,
-    )
-    sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

@@ -1,7 +1,7 @@
 """Sampling speed with and without the KV cache: batch 1, 256 new tokens, greedy.
 
-    python scripts/bench_sample.py                      # tiny, 6x384 bytes, 6x384 GPT-2 vocab on the default device
-    python scripts/bench_sample.py --device cuda --repeats 5 --norm geonorm
+    python benchmarks/bench_sample.py                      # tiny, 6x384 bytes, 6x384 GPT-2 vocab on the default device
+    python benchmarks/bench_sample.py --device cuda --repeats 5 --norm geonorm
 
 Without the cache every token re-encodes the whole context (quadratic in length); with it, each token
 is one position (linear). The LM head runs on the last position only in both cases, so with GPT-2's

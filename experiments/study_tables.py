@@ -128,10 +128,3 @@ def report(study, root: Path, docs: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write(out / "tables.md", "\n".join(lines) + "\n")
     print(f"wrote {out / 'tables.md'}")
-
-
-if __name__ == "__main__":  # a library of scripts/, not a command: say so instead of doing nothing
-    import sys
-
-    print("usage: scripts/study_tables.py is imported by scripts/study.py; it is not a command", file=sys.stderr)
-    sys.exit(0 if sys.argv[1:] in (["-h"], ["--help"]) else 2)

@@ -1,7 +1,7 @@
 """Throughput of train.py's loop (full harness) vs a bare loop over the same model, data and optimizer.
 
-    python scripts/bench_train.py                      # tiny model, pydocs, default intervals, 100 steps x 3
-    python scripts/bench_train.py --steps 200 --repeats 5 model=gpt_125m train.device=cuda
+    python benchmarks/bench_train.py                      # tiny model, pydocs, default intervals, 100 steps x 3
+    python benchmarks/bench_train.py --steps 200 --repeats 5 model=gpt_125m train.device=cuda
 
 Trailing arguments are Hydra overrides (as for train.py). Runs alternate bare/harness so that drift in a
 shared machine's load hits both alike; medians are reported. The harness figure excludes the time of

@@ -1,6 +1,6 @@
 """How much each block matters: the validation-loss increase when one block is skipped.
 
-    python scripts/layer_ablation.py RUN_DIR [--tokens 65536] [--out FILE.png]
+    python studies/fidelity/layer_ablation.py RUN_DIR [--tokens 65536] [--out FILE.png]
 
 Skipping block k passes the residual stream through it unchanged (both sublayers and the variant's
 rule around them), the test of "The Curse of Depth" (arXiv 2502.05795, Fig. 1): in a Pre-LN model

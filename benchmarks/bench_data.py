@@ -1,7 +1,7 @@
 """Tokenization throughput and peak memory: data/prepare.py vs nanoGPT's prepare.py recipe.
 
-    python scripts/bench_data.py                 # corpora of 50 and 100 MB (repeated pydocs), GPT-2 BPE
-    python scripts/bench_data.py --sizes 50 --workers 8
+    python benchmarks/bench_data.py                 # corpora of 50 and 100 MB (repeated pydocs), GPT-2 BPE
+    python benchmarks/bench_data.py --sizes 50 --workers 8
 
 Both methods read the same JSONL file through `datasets` and tokenize with the same GPT-2 BPE:
 - baseline (nanoGPT data/openwebtext/prepare.py): load_dataset -> Dataset.map(encode_ordinary per document,

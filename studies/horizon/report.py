@@ -1,0 +1,209 @@
+"""The horizon study's report (studies/horizon/study.yaml): per horizon, each cell's selected setting and
+fresh test seeds against the reference of its block, paired by seed (paired t, Holm over each table, TOST
+at +/-0.02 with +/-0.04 beside it); the learned scalars' movement; docs/<study>/tables.md, results.jsonl
+and a figure per part."""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from common.stats import MARGIN, PAPER_MARGIN, paired, parabola_optimum, summarize, three_word_verdicts
+from data.files import atomic_open, atomic_write, read_json
+from experiments import branches
+from experiments import runs as runlib
+from experiments.horizon import best_setting, collect, compose, means, published
+
+
+def corpus_line(experiment: str) -> str:
+    from data.config import DataConfig
+
+    cfg = compose([f"experiment={experiment}"])
+    out = DataConfig.from_any(cfg.data).out_dir
+    meta_path = out / "meta.json"
+    if not meta_path.is_file():
+        return f"Corpus: {cfg.data.name} (not prepared on this checkout: {out})."
+    meta = read_json(meta_path)
+    info, sp = meta["source"].get("stream0", {}), meta["splits"]
+    return (f"Corpus: `{meta['name']}` ({meta['tokenizer']} tokenizer), {sp['train']['documents']:,} training files "
+            f"({sp['train']['tokens']:,} tokens) and {sp['val']['documents']:,} validation files "
+            f"({sp['val']['tokens']:,} tokens), split by file; {len(info.get('composition', []))} sources "
+            f"(the stdlib of Python {info.get('python', '?')} and the installed packages), sha256 "
+            f"`{info.get('sha256', '?')}`.")
+
+
+def analyse(study, part: dict, rows: list) -> dict:
+    """Per horizon: each cell's selected setting, test values by seed, and the paired comparison with
+    its block's reference, verdicts Holm-corrected over the horizon's table."""
+    out = {}
+    sel, test = list(study.seeds), list(part["test_seeds"])
+    cells = sorted({r["cell"] for r in rows}, key=lambda c: list(study.cells).index(c))
+    for t in part["horizons"]:
+        t = float(t)
+        entries = {}
+        for c in cells:
+            b = best_setting(rows, c, t, sel)
+            if b is None:
+                continue
+            grid = {lr: v for (lr, m), v in means(rows, c, t, sel).items() if m == 1.0}  # the lr grid
+            vertex = parabola_optimum(list(grid), list(grid.values())) if len(grid) >= 3 else None
+            tv = {r["seed"]: (r["val_loss"] if not r["diverged"] else math.inf) for r in rows
+                  if r["cell"] == c and r["tpp"] == t and (r["lr"], r["mult"]) == b and r["seed"] in test}
+            entries[c] = {"setting": b, "selection_mean": means(rows, c, t, sel)[b], "grid": grid,
+                          "vertex": vertex, "test": tv, "edge": len(grid) > 1 and b[0] in (min(grid), max(grid))}
+        comps, names, keys = [], [], []
+        for c, e in entries.items():
+            ref = study.reference_of(c)
+            if c == ref or ref not in entries or len(e["test"]) < 2:
+                continue
+            finite = {s: v for s, v in e["test"].items() if math.isfinite(v)}
+            comps.append(paired(finite, entries[ref]["test"]))
+            names.append((c, ref))
+            keys.append(c)
+        for c, comp, v in zip(keys, comps, three_word_verdicts(comps, names)):
+            entries[c]["paired"], entries[c]["verdict"] = comp, v
+        out[t] = entries
+    return out
+
+
+def report(study, root: Path, docs: Path, experiment: str) -> None:
+    d = docs / study.name
+    d.mkdir(parents=True, exist_ok=True)
+    lines = [f"# {study.name} study: tables", "", "Written by `python scripts/study.py horizon --report` from the "
+             "run dirs; every number below is a final validation loss (nats per byte) of a WSD run.", "",
+             corpus_line(experiment), ""]
+    parts = {p["name"]: collect(root, p, published(docs, study)) for p in study.parts if p["kind"] == "horizon"}
+    all_rows = [r for rows in parts.values() for r in rows]
+    for part in study.parts:
+        if part["name"] in parts:
+            lines += part_tables(study, part, parts[part["name"]])
+    times = runlib.study_times(root, study.name)
+    if times:  # runs/ of this checkout only: each part's line above has the training time of every trunk
+        lines += ["## Wall time", "", "Of the invocations whose run dirs this checkout holds (earlier checkouts' "
+                  "wall time is not kept; each part's line above sums the training time of all its trunks).", "",
+                  "| part | wall |", "|---|---|"]
+        lines += [f"| {p} | {s / 3600:.2f} h |" for p, s in times.items()] + [""]
+    atomic_write(d / "tables.md", "\n".join(lines) + "\n")
+    atomic_write(d / "results.jsonl", "".join(json.dumps({k: v for k, v in r.items() if k != "trunk"}) + "\n"
+                                              for r in all_rows))
+    for part in study.parts:
+        if part["name"] in parts:
+            figure(study, part, parts[part["name"]], d / f"{part['name']}_gap.png")
+    print(f"wrote {d / 'tables.md'}")
+
+
+def part_tables(study, part: dict, rows: list) -> list:
+    name = part["name"]
+    if not rows:
+        return [f"## Part {name}: not run yet", ""]
+    res = analyse(study, part, rows)
+    trunks = {r["trunk"] for r in rows}
+    tokens = {float(t): max(r["tokens"] for r in rows if r["tpp"] == float(t)) for t in part["horizons"]
+              if any(r["tpp"] == float(t) for r in rows)}
+    train_s = sum((r["train_s"] or 0) for r in rows)
+    commits = sorted({r["commit"] for r in rows})
+    cost = branches.cost(branches.plan(sorted({r["steps"] for r in rows}), part.get("decay_frac", 0.2)))
+    out = [
+        f"## Part {name}",
+        "",
+        f"{len(trunks)} trunks, {len(rows)} horizon results; tokens per run: "
+        + ", ".join(f"{t:g} tok/param = {n:,}" for t, n in tokens.items())
+        + f"; selection seeds {study.seeds}, test seeds {part['test_seeds']}; training time {train_s / 3600:.2f} h "
+        f"(trunk + branches: {cost:.2f}x "
+        f"the longest run per trunk); code {', '.join(commits)}.",
+        "",
+    ]
+    for t, entries in res.items():
+        if not entries:
+            continue
+        out += [f"### {name}: {t:g} tokens per parameter", "",
+                "| cell | best lr (grid) | scalar lr_mult | parabola lr | selection mean | test per seed | test mean "
+                "[95% CI] | − reference, paired [95% CI] | verdict (Holm; TOST ±0.02) | TOST ±0.04 p |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for c, e in entries.items():
+            tv = [e["test"][s] for s in sorted(e["test"])]
+            s = summarize([v for v in tv if math.isfinite(v)])
+            pc = e.get("paired")
+            vx = f"{e['vertex'][0]:.2g}" if e["vertex"] else ("edge" if e["edge"] else "—")
+            flag = f" (grid incomplete: {len(e['grid'])} lr)" if len(e["grid"]) < 3 else " (edge)" if e["edge"] else ""
+            out.append(f"| {c} | {e['setting'][0]:g}{flag} | {e['setting'][1]:g} | {vx} | "
+                       f"{e['selection_mean']:.4f} | {', '.join(f'{v:.4f}' for v in tv) or 'not run'} | "
+                       + (f"{s.mean:.4f} {s.ci(4)}" if s.mean is not None else "—") + " | "
+                       + (f"{pc.mean:+.4f} {pc.ci(4)}" if pc else ("reference" if c == study.reference_of(c) else "—"))
+                       + f" | {e.get('verdict', '—')} | "
+                       + (f"{pc.p_equiv[PAPER_MARGIN]:.2g}" if pc and pc.p_equiv.get(PAPER_MARGIN) is not None else "—")
+                       + " |")
+        out.append("")
+    out += scalar_table(study, part, rows, res)
+    return out
+
+
+def scalar_table(study, part: dict, rows: list, res: dict) -> list:
+    """How far each cell's learned scalars moved over its longest trunk at the longest horizon's best
+    setting (test seeds, else selection seeds): the largest |last - first| of each kind."""
+    t = float(part["horizons"][-1])
+    out = [f"### {part['name']}: learned scalars over the longest trunk ({t:g} tokens per parameter)", "",
+           "| cell | setting (lr, lr_mult) | kind: first -> last (largest change), mean over seeds |", "|---|---|---|"]
+    any_row = False
+    for c, e in res.get(t, {}).items():
+        # each trunk's movement, as its longest horizon's row carries it (also in the published results)
+        at = [r for r in rows if r["cell"] == c and (r["lr"], r["mult"]) == e["setting"] and r["tpp"] == t]
+        moves = [r["scalars"] for r in at if r.get("scalars")]
+        if not moves:
+            if any("scalars" not in r for r in at):  # rows published before the movement was
+                out.append(f"| {c} | {e['setting'][0]:g}, {e['setting'][1]:g} | not recorded (its run dirs were "
+                           "not kept) |")
+                any_row = True
+            continue
+        any_row = True
+        kinds = sorted(set.intersection(*(set(m) for m in moves)))
+        cell_txt = "; ".join(f"{k}: {statistics.fmean(m[k]['first'] for m in moves):.3g} -> "
+                             f"{statistics.fmean(m[k]['last'] for m in moves):.3g} "
+                             f"({statistics.fmean(m[k]['max_abs_change'] for m in moves):.3g})" for k in kinds)
+        out.append(f"| {c} | {e['setting'][0]:g}, {e['setting'][1]:g} | {cell_txt} |")
+    return out + [""] if any_row else []
+
+
+def figure(study, part: dict, rows: list, path: Path) -> None:
+    """The paired gap to the reference against horizon, with its 95% CI, one line per cell."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+
+    res = analyse(study, part, rows)
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    cells = sorted({c for e in res.values() for c, v in e.items() if v.get("paired")})
+    for c in cells:
+        pts = [
+            (t, e[c]["paired"])
+            for t, e in res.items()
+            if c in e and e[c].get("paired") and e[c]["paired"].lo is not None
+        ]
+        if not pts:
+            continue
+        xs = [t for t, _ in pts]
+        ax.errorbar(
+            xs,
+            [p.mean for _, p in pts],
+            yerr=[[p.mean - p.lo for _, p in pts], [p.hi - p.mean for _, p in pts]],
+            marker="o",
+            capsize=3,
+            label=c,
+        )
+    ax.axhline(0, color="k", lw=0.8)
+    for m in (MARGIN, PAPER_MARGIN):
+        ax.axhspan(-m, m, color="grey", alpha=0.08)
+    ax.set_xscale("log")
+    ax.set_xlabel("tokens per parameter")
+    ax.set_ylabel("final val loss − reference (paired by seed)")
+    ax.set_title(f"part {part['name']}: gap against horizon (95% CI; bands ±0.02, ±0.04)", fontsize=9)
+    if cells:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    with atomic_open(path, "wb") as f:
+        fig.savefig(f, dpi=110, format="png")
+    plt.close(fig)
