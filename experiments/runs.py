@@ -44,6 +44,7 @@ class Run:
     summary: dict | None = None
     base: str = ""                               # sweep point label before its --grid axes
     axes: dict = field(default_factory=dict)     # the --grid axes' values of this point
+    cell: str | None = None                      # a study's cell of this point (sweep.json), None outside studies
 
     @property
     def finished(self) -> bool:
@@ -208,7 +209,7 @@ def load_run(run_dir: Path, group_by: Iterable[str] = ()) -> Run:
     seed = get_key(cfg, "train.seed", (summary or {}).get("seed"))
     return Run(path=run_dir, config=cfg, label=label, seed=seed, train=m["train"], evals=m["eval"],
                spikes=m["spike"], stats=m["stats"], summary=summary, base=point.get("base", label),
-               axes=dict(point.get("axes") or {}))
+               axes=dict(point.get("axes") or {}), cell=point.get("cell"))
 
 
 def find_runs(paths: Iterable[str | Path]) -> list[Path]:

@@ -72,6 +72,7 @@ class Study:
     reference: str | None = None
     doc: str | None = None
     contrasts: list = field(default_factory=list)   # {a, b, at}: cell a against b at one value of the key
+    made: dict = field(default_factory=dict, repr=False)   # label -> the cell whose point it is (at())
 
     @classmethod
     def load(cls, name: str, studies: Path = STUDIES) -> "Study":
@@ -193,10 +194,12 @@ class Study:
     def point(self, cell: str, value: float, overrides: dict) -> tuple[str, dict]:
         return self.at(cell, {self.key_of(cell): value}, overrides)
 
-    @staticmethod
-    def at(cell: str, setting: dict, overrides: dict) -> tuple[str, dict]:
-        """A point at a setting (key -> value): labelled <cell>-<last part of each key>-<value>."""
-        return cell + "".join(f"-{k.rsplit('.', 1)[-1]}-{v:g}" for k, v in setting.items()), {**overrides, **setting}
+    def at(self, cell: str, setting: dict, overrides: dict) -> tuple[str, dict]:
+        """A point at a setting (key -> value): labelled <cell>-<last part of each key>-<value>; the cell
+        that made each label is kept (`made`) so the sweep's manifest records it beside the point."""
+        label = cell + "".join(f"-{k.rsplit('.', 1)[-1]}-{v:g}" for k, v in setting.items())
+        self.made[label] = cell
+        return label, {**overrides, **setting}
 
     @functools.cached_property
     def _label_tail(self) -> re.Pattern:
@@ -204,6 +207,11 @@ class Study:
         keys = {self.key, *(c.get("key", self.key) for c in self.cells.values()),
                 *(p["key"] for p in self.parts if p["kind"] == "vary")}
         return re.compile(r"^(.*)-(" + "|".join(re.escape(k.rsplit(".", 1)[-1]) for k in keys) + r")-[-+.e0-9]+$")
+
+    def cell_of_run(self, run) -> str:
+        """The cell of a run: as its sweep's manifest records it, else (a run from before the manifest held
+        it) read back from its label."""
+        return run.cell or self.cell_of(run.base)
 
     def cell_of(self, label: str) -> str:
         """The cell of a point's label: its <key>-<value> suffixes (of every key the study tunes) dropped."""
@@ -214,7 +222,7 @@ class Study:
     def by_cell(self, runs: list) -> dict:
         out: dict = {}
         for r in runs:
-            out.setdefault(self.cell_of(r.base), []).append(r)
+            out.setdefault(self.cell_of_run(r), []).append(r)
         return out
 
     def best(self, runs: list) -> dict:
@@ -302,6 +310,7 @@ class Runner:
         print(f"# sweep {name}: {len(points)} point(s), {' '.join(argv)}", flush=True)
         args = sweeps.parser().parse_args(argv)
         args.points = points
+        args.cells = {label: self.study.made.get(label, label) for label in points}   # recorded in sweep.json
         if sweeps.run(args) != 0:
             raise SystemExit(f"sweep {name} had failed points; rerun to resume them")
 

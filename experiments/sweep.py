@@ -320,6 +320,10 @@ def select_points(args, meta: dict) -> list[dict]:
                              "give the values with --grid optim.lr=v1,v2,...")
         args.grid = list(args.grid) + ["optim.lr=" + ",".join(fmt_value(v) for v in meta["lr_grid"])]
     points = build_points(meta, args.grid, args.seeds, args.variants, args.points)
+    cells = getattr(args, "cells", None) or {}   # a study's sweep: the cell of each label, kept in the manifest
+    for p in points:
+        if p["base"] in cells:
+            p["cell"] = cells[p["base"]]
     if args.only:
         keep = set(split_values(args.only))
         points = [p for p in points if p["label"] in keep]

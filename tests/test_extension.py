@@ -173,6 +173,8 @@ def test_new_study_is_one_yaml_file(tmp_path, pydocs, load_script, capfd, monkey
         "pre_ln-lr-0.001-s0", "pre_ln-lr-0.003-s0"]
     assert [p.name for p in (tmp_path / "runs" / "mini_b").glob("*-s*")] and \
         all(p.name.endswith("-s1") for p in (tmp_path / "runs" / "mini_b").glob("*-s*"))
+    manifest = yaml.safe_load((tmp_path / "runs" / "mini_a" / "sweep.json").read_text())
+    assert {p["cell"] for p in manifest["points"]} == {"pre_ln"}   # the cell is recorded, not parsed back
     tables = (tmp_path / "docs" / "mini" / "tables.md").read_text()
     assert "## mini_a" in tables and "| pre_ln | 0.001: " in tables and "(edge)" in tables
     assert "| loss spikes at each lr (all seeds) |" in tables and "| 0.001: 0, 0.003: 0 |" in tables

@@ -276,6 +276,10 @@ def test_a_point_label_drops_to_its_cell_for_every_tuned_key():
     study = S.Study.load("fidelity")
     assert study.cell_of("geonorm-untied-lr-0.01-lr_mult-100") == "geonorm-untied"
     assert study.cell_of("pre_ln-lr-1e-05") == "pre_ln" and study.cell_of("spheret_p_inf") == "spheret_p_inf"
+    # a run whose sweep recorded its cell is that cell, whatever its label looks like (a cell may end in -lr-1)
+    from types import SimpleNamespace
+    assert study.cell_of_run(SimpleNamespace(cell="odd-lr-1", base="odd-lr-1-lr-0.01")) == "odd-lr-1"
+    assert study.cell_of_run(SimpleNamespace(cell=None, base="pre_ln-lr-1e-05")) == "pre_ln"   # older sweeps
 
 
 def test_fidelity_parts_chain_the_best_lr_then_the_best_multiplier(monkeypatch, tmp_path):

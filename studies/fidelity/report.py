@@ -39,7 +39,7 @@ def by(runs, study) -> dict:
     """Runs grouped by their study cell, groups in the variant registry's order, seeds in order."""
     out: dict = {}
     for r in runs:
-        out.setdefault(study.cell_of(r.base), []).append(r)
+        out.setdefault(study.cell_of_run(r), []).append(r)
     return {k: sorted(out[k], key=lambda r: str(r.seed)) for k in runlib.sort_labels(out)}
 
 
@@ -424,7 +424,7 @@ def report(study, root: Path, docs: Path, experiment: str | None = None) -> None
         p = r.path / "layer_ablation.json"
         if p.is_file():
             prefix = "24L " if r in e else ""
-            abl.append((prefix + study.cell_of(r.base), json.loads(p.read_text())))
+            abl.append((prefix + study.cell_of_run(r), json.loads(p.read_text())))
     if abl:
         lines += part_ablate(abl, out)
     t = runlib.study_times(root, study.name)

@@ -136,7 +136,7 @@ def chaos_lines(study, root: Path, rows: dict[str, dict]) -> list[str]:
     lines = ["| cell @ best lr | seed 0, 1 thread | seed 0, 2 threads | abs. difference | std over seeds 0-2 | "
              "reading |", "|---|---|---|---|---|---|"]
     for t in sorted(twins, key=lambda r: r.base):
-        cell = study.cell_of(t.base)
+        cell = study.cell_of_run(t)
         if cell not in rows:
             continue
         one = next((r for r in rows[cell]["runs"] if str(r.seed) == "0"), None)
