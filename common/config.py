@@ -102,6 +102,8 @@ def _conform(key: str, v: Any, t: Any, error: Type[UserError]) -> Any:
         if not isinstance(v, (list, tuple)):
             bad(key, v, "must be a list", error)
         v = (tuple if tuple in (t, typing.get_origin(t)) else list)(v)
+    elif dict in (t, typing.get_origin(t)) and not isinstance(v, Mapping):
+        bad(key, v, "must be a mapping of keys to values", error)
     elif dataclasses.is_dataclass(t) and not isinstance(v, t):
         bad(key, v, "must be a group of keys", error)  # a nested group checked itself when it was made
     for m in meta:

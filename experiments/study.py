@@ -37,13 +37,16 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Optional
 
 import yaml
 
 from experiments import runs as runlib
-from common import children
+from common import UserError, children
+from common.config import Name, NonNegInt, PosInt, Positive, build, check
+from common.errors import ConfigError
 from common.provenance import code_commit
 from data.files import atomic_write, read_json, read_yaml
 
@@ -55,24 +58,43 @@ NEEDS = {"vary": ("of", "key", "values"), "points": ("experiment",), "script": (
 
 
 @dataclass
+class Tune:
+    """A study file's `tune`: the key its cells are tuned on and the values tried."""
+    key: Name = "optim.lr"
+    ladder: list = field(default_factory=list)   # the values, in order; a cell's grid is around its start
+    factor: Optional[Positive] = None              # instead of a ladder: a cell's values are start x factor^k
+    width: PosInt = 1                              # ladder points on each side of the start
+    edge_rounds: NonNegInt = 2                     # points added beyond a best at the edge, at most this often
+
+    def __post_init__(self) -> None:
+        check(self, "tune", ConfigError)
+
+
+@dataclass
 class Study:
-    """A study file, read and checked once (a bad entry: one line naming the file and the key)."""
+    """A study file, read and checked once through the config layer (a bad entry: one line naming the file
+    and the key); the part kinds' own keys are checked here."""
     name: str
     path: Path
-    experiment: str
+    experiment: Name
     cells: dict                     # cell -> {"overrides": {...}, "start": value}
-    parts: list                     # dicts, in order
-    key: str = "optim.lr"
-    ladder: list = field(default_factory=list)
-    factor: float | None = None     # instead of a ladder: each cell's values are start x factor^k
-    width: int = 1
-    edge_rounds: int = 2
+    parts: list                     # mappings with name and kind, in order
+    tune: Tune = field(default_factory=Tune)
     seeds: list = field(default_factory=lambda: [0])
-    overrides: list = field(default_factory=list)
-    reference: str | None = None
-    doc: str | None = None
+    overrides: list = field(default_factory=list)   # key=value strings every run gets
+    reference: Optional[str] = None
+    doc: Optional[str] = None
     contrasts: list = field(default_factory=list)   # {a, b, at}: cell a against b at one value of the key
     made: dict = field(default_factory=dict, repr=False)   # label -> the cell whose point it is (at())
+
+    def __post_init__(self) -> None:
+        check(self, "study", ConfigError)
+
+    key = property(lambda self: self.tune.key)
+    ladder = property(lambda self: self.tune.ladder)
+    factor = property(lambda self: self.tune.factor)
+    width = property(lambda self: self.tune.width)
+    edge_rounds = property(lambda self: self.tune.edge_rounds)
 
     @classmethod
     def load(cls, name: str, studies: Path = STUDIES) -> "Study":
@@ -81,32 +103,20 @@ class Study:
             valid = ", ".join(sorted(p.parent.name for p in studies.glob("*/study.yaml")))
             raise SystemExit(f"unknown study {name!r}: no {path} (studies: {valid})")
         d = read_yaml(path, "a study: a mapping with experiment, cells and parts (studies/*/study.yaml)")
-        tune = d.pop("tune", {}) or {}
 
         def bad(key, why):
             raise SystemExit(f"{path}: {key}: {why}")
-        for k in ("experiment", "cells", "parts"):
-            if k not in d:
-                bad(k, "missing")
-        shapes = {"tune": (tune, dict, "a mapping (key, ladder or factor, width)"),
-                  "cells": (d["cells"], dict, "a mapping cell -> {overrides, start}"),
-                  "parts": (d["parts"], list, "a list of parts, each a mapping with name and kind"),
-                  "overrides": (d.get("overrides", []), list, "a list of key=value strings"),
-                  "seeds": (d.get("seeds", []), list, "a list of integers"),
-                  "contrasts": (d.get("contrasts", []), list, "a list of {a, b, at}")}
-        for k, (v, t, what) in shapes.items():
-            if not isinstance(v, t):
-                bad(k, f"a YAML {type(v).__name__}: expected {what}")
-        for i, p in enumerate(d["parts"]):
+        file_keys = [f.name for f in fields(cls) if f.name not in ("name", "path", "made")]
+        if d.get("tune") is None:
+            d.pop("tune", None)
+        try:
+            study = build(cls, d, "study", ConfigError, keys=file_keys,
+                          name=path.parent.name if path.name == "study.yaml" else path.stem, path=path)
+        except UserError as e:
+            raise SystemExit(f"{path}: {e}") from None
+        for i, p in enumerate(study.parts):
             if not isinstance(p, dict) or "name" not in p:
                 bad(f"parts[{i}]", f"{p!r}: expected a mapping with name and kind")
-        known = {"doc", "experiment", "overrides", "seeds", "reference", "cells", "parts", "contrasts"}
-        for k in set(d) - known:
-            bad(k, f"unknown key (valid: tune, {', '.join(sorted(known))})")
-        name = path.parent.name if path.name == "study.yaml" else path.stem
-        study = cls(name=name, path=path, key=tune.get("key", "optim.lr"), ladder=list(tune.get("ladder", [])),
-                    factor=tune.get("factor"), width=int(tune.get("width", 1)),
-                    edge_rounds=int(tune.get("edge_rounds", 2)), **d)
         tunes = any(p.get("kind") not in ("points", "script") for p in study.parts)
         if bool(study.ladder) == bool(study.factor) and (tunes or study.ladder or study.factor):
             bad("tune", "give one of ladder (the values) and factor (start x factor^k)")

@@ -98,7 +98,10 @@ def test_a_later_part_starts_from_the_recorded_bests_without_the_run_dirs(study,
     ({"parts": [{"name": "e", "kind": "edge", "of": "grid"}]}, r"parts.e.of: 'grid' is not an earlier part"),
     ({"parts": [{"name": "g", "kind": "grid", "sweep": "s"},
                 {"name": "r", "kind": "rerun", "of": "g", "pick": ["nope"]}]}, r"parts.r.pick: unknown cell 'nope'"),
-    ({"colour": 1}, r"colour: unknown key"),
+    ({"colour": 1}, r"bad.yaml: unknown key\(s\) study.colour: valid keys are experiment, cells, parts, tune"),
+    ({"tune": {"width": 0}}, r"bad.yaml: bad config tune.width=0: must be a positive integer"),
+    ({"cells": [1]}, r"bad.yaml: bad config study.cells=\[1\]: must be a mapping"),
+    ({"tune": {"widht": 2}}, r"unknown key\(s\) study.tune.widht: valid keys are key, ladder, factor, width"),
     ({"tune": {"ladder": [1e-3], "factor": 2}}, r"tune: give one of ladder .* and factor"),
 ])
 def test_a_bad_study_file_is_one_line_naming_the_key(tmp_path, change, message):
