@@ -363,9 +363,11 @@ def _columns(ds) -> list[str]:
     return list(cols)
 
 
-def _ds_stream(cfg: DataConfig, ds, label: str, split: str | None, info: dict) -> Stream:
+def _ds_stream(cfg: DataConfig, ds, label: str, split: str | None, info: dict, cols: list | None = None) -> Stream:
+    """`cols`: the columns when already known (a streamed dataset learns them by reading its first record;
+    after the Pile filter that record could lie far into the shards)."""
     try:
-        cols = _columns(ds)
+        cols = _columns(ds) if cols is None else cols
     except _unreadable_types() as e:
         raise _unreadable(label, e) from None
     if cfg.text_column not in cols:
@@ -421,11 +423,11 @@ def _local_streams(cfg: DataConfig) -> list[Stream]:
         info = {"builder": builder, "datasets": datasets.__version__,
                 "files": [{"path": f, "bytes": os.path.getsize(f)} for f in files[split]]}
         label = f"{builder} files {cfg.files if split == 'train' else cfg.val_files}"
-        ds = _load(cfg, builder, split, label, data_files=files, **kw)
+        ds, cols = _load(cfg, builder, split, label, data_files=files, **kw), None
         if cfg.pile_set_name:
-            ds = _pile_subset(ds, cfg.pile_set_name, label)
+            ds, cols = _pile_subset(ds, cfg.pile_set_name, label)
             info["pile_set_name"] = cfg.pile_set_name
-        streams.append(_ds_stream(cfg, ds, label, out_split, info))
+        streams.append(_ds_stream(cfg, ds, label, out_split, info, cols))
     return streams
 
 
@@ -439,7 +441,8 @@ def _pile_subset(ds, name: str, label: str):
     if "meta" not in cols:
         raise DataError(f"data.pile_set_name={name!r}: {label} has no 'meta' column (columns: {', '.join(cols)}); "
                         "Pile-format records are {\"text\": ..., \"meta\": {\"pile_set_name\": ...}}")
-    return ds.filter(lambda m: isinstance(m, dict) and m.get("pile_set_name") == name, input_columns=["meta"])
+    keep = ds.filter(lambda m: isinstance(m, dict) and m.get("pile_set_name") == name, input_columns=["meta"])
+    return keep, cols   # a filter keeps the columns
 
 
 @SOURCES.register("pydocs")

@@ -100,7 +100,7 @@ _NUMPY_RNG_GLOBALS = [_reconstruct, *((_reconstruct, f"numpy.{m}.multiarray._rec
                       np.ndarray, np.dtype, type(np.dtype(np.uint32))]
 
 
-def _failed_record(path: Path) -> Optional[str]:
+def failed_record(path: Path) -> Optional[str]:
     """The first record of the checkpoint's zip archive whose data does not match its CRC-32, as a phrase;
     None if all match (or the file is no zip: load_checkpoint reports that). torch.save writes a CRC-32 per
     tensor record but torch.load never checks it, so a flipped bit in the weights would load silently.
@@ -115,8 +115,15 @@ def _failed_record(path: Path) -> Optional[str]:
     return f"record {bad}: CRC-32 mismatch" if bad else None
 
 
-def load_checkpoint(path: Union[str, Path]) -> dict:
-    """Load and check a checkpoint; CheckpointError naming the file if it is corrupt or not ours."""
+def damaged_error(path: Path, damaged: str) -> CheckpointError:
+    return CheckpointError(f"checkpoint {path} fails its checksum ({damaged}): the file is damaged; "
+                           + ("delete it to resume from the previous one" if _NAME.match(path.name) else
+                              "copy it again from where it came from"))
+
+
+def load_checkpoint(path: Union[str, Path], verify: bool = True) -> dict:
+    """Load and check a checkpoint; CheckpointError naming the file if it is corrupt or not ours. `verify`:
+    check every record's CRC-32 first (a DDP resume verifies on rank 0 once and tells the others)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -125,11 +132,9 @@ def load_checkpoint(path: Union[str, Path]) -> dict:
         # ckpt_*.pt that is not one was cut short, and gets the corrupt-file advice below
         raise CheckpointError(f"{path} is not a nanonorm checkpoint (not a torch.save zip archive); "
                               f"give a run dir or a ckpt_*.pt file written by train.py")
-    damaged = _failed_record(path)
+    damaged = failed_record(path) if verify else None
     if damaged:
-        raise CheckpointError(f"checkpoint {path} fails its checksum ({damaged}): the file is damaged; "
-                              + ("delete it to resume from the previous one" if _NAME.match(path.name) else
-                                 "copy it again from where it came from"))
+        raise damaged_error(path, damaged)
     try:
         ckpt = _torch_load(path)
     except Exception as e:  # truncated zip, pickle garbage, a foreign object, a data file given by mistake, ...

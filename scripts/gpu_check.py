@@ -26,6 +26,7 @@ the graphs torch.compile built in this process (the smoke runs compile in their 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import subprocess
@@ -171,7 +172,6 @@ def _tiny_overrides(data_root, out_dir, device):
 
 
 def check_train_loop(ctx, args):
-    import json
 
     from hydra import compose, initialize_config_dir
 
@@ -238,7 +238,6 @@ def check_nccl(ctx, args):
 def check_ddp_accum(ctx, args):
     """2 GPUs x accumulation 2 against 1 GPU x accumulation 4 (same global batch, fp32: the sums differ only
     in order), and the 2-GPU run stopped at step 2 and resumed against its straight run."""
-    import json
 
     t0 = time.time()
     if not ctx.cuda or torch.cuda.device_count() < 2:
@@ -393,7 +392,6 @@ def check_smoke(ctx, args):
             summary, tps = None, 0
             metrics = Path(tmp) / "run" / "metrics.jsonl"
             if metrics.is_file():
-                import json
 
                 recs = [json.loads(line) for line in metrics.read_text().splitlines()]
                 summary = next((r for r in recs if r["kind"] == "summary"), None)

@@ -545,6 +545,17 @@ def test_pile_jsonl_zst_shards_are_read_and_filtered_by_pile_set_name(tmp_path):
     assert len(texts) == 30 and all(t.startswith("arxiv paper") for t in texts)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["config"]["pile_set_name"] == "ArXiv"
+    # streamed, the columns are learnt by reading a first record once, before the filter (after it, the
+    # first matching record of a rare subset could lie gigabytes in)
+    from data import sources
+
+    seen = []
+    real = sources._columns
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sources, "_columns", lambda ds: seen.append(ds) or real(ds))
+        streamed = prepare_dataset(cfg(tmp_path, name="pile_arxiv_s", files=[str(shard)], pile_set_name="ArXiv",
+                                       streaming=True), progress=False)
+    assert len(seen) == 1 and len(split_texts(streamed, "train") + split_texts(streamed, "val")) == 30
     # the data config itself: what a user points at a mirror
     import yaml
 

@@ -18,7 +18,7 @@ from common import ConfigError
 from trainer.loop import train
 from trainer.monitor import SpikeDetector
 from trainer.optim import LRSchedule, build_optimizer
-from trainer.config import optim_config
+from trainer.config import optim_config, parse_run_config
 from trainer.sinks import wandb_row
 
 from helpers import RecordingSink, make_cfg, records, run_with_a_nan_step
@@ -305,6 +305,31 @@ def test_resume_and_load_refuse_a_damaged_or_foreign_checkpoint_by_name(tmp_path
     with pytest.raises(ck.CheckpointError, match="fails its checksum"):
         ck.load_model(latest)
     ck.load_model(ck.ckpt_path(tmp_path, 1))  # the previous one is intact
+
+
+def test_a_ddp_resume_reads_the_checksums_on_rank_0_only(tmp_path, monkeypatch):
+    """Every rank loads the checkpoint, but only rank 0 reads the whole file for its CRC-32s; the others
+    take its answer (broadcast), so a damaged file is refused on every rank with rank 0's reason."""
+    import torch.distributed as dist
+
+    from runtime import distributed as D
+
+    train(make_cfg(tmp_path, "train.max_steps=2", "train.ckpt_interval=2"))
+    latest, cfg = ck.find_latest(tmp_path), parse_run_config(make_cfg(tmp_path))
+    reads = []
+    real = ck.failed_record
+    monkeypatch.setattr(ck, "failed_record", lambda p: reads.append(p) or real(p))
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    for rank, told in ((1, None), (0, None), (1, "record x: CRC-32 mismatch")):
+        monkeypatch.setattr(dist, "get_rank", lambda: rank)
+        monkeypatch.setattr(D, "broadcast_object", lambda obj, src=0: obj if rank == 0 else told)
+        reads.clear()
+        if told:
+            with pytest.raises(ck.CheckpointError, match=r"fails its checksum \(record x: CRC-32 mismatch\)"):
+                resume.load_compatible(latest, cfg.model, cfg.data.tokenizer)
+        else:
+            assert resume.load_compatible(latest, cfg.model, cfg.data.tokenizer)["step"] == 2
+        assert reads == ([latest] if rank == 0 else [])
 
 
 def test_sigusr1_and_sigterm_only_set_a_flag():
