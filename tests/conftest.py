@@ -54,8 +54,8 @@ def pydocs(tmp_path_factory):
 
 
 def _load_script(name: str):
-    """Import scripts/<name>.py as the module `name`, as `python scripts/<name>.py` sees it (the scripts
-    import a few of each other, e.g. `plot_curves`, by bare name); each module once per session."""
+    """Import scripts/<name>.py as the module `name`, as `python scripts/<name>.py` sees it (to call its
+    main in process); each module once per session."""
     import importlib.util
     from pathlib import Path
 
