@@ -1,4 +1,5 @@
-"""scripts/gpu_check.sh and gpu_check.py as far as a CPU can run them: the same checks, small."""
+"""scripts/gpu_check.sh and gpu_check.py (its checks: experiments/gpu_checks.py) as far as a CPU can run them:
+the same checks, small."""
 import importlib.util
 import os
 import re
@@ -45,7 +46,9 @@ def test_gpu_check_runs_every_check_on_cpu_and_prints_a_table():
 
 
 def mod_paper_experiments():
-    return _module().paper_experiments()
+    from experiments.gpu_checks import paper_experiments
+
+    return paper_experiments()
 
 
 def test_gpu_check_exits_nonzero_on_a_failed_or_crashed_check(capsys):
@@ -58,7 +61,7 @@ def test_gpu_check_exits_nonzero_on_a_failed_or_crashed_check(capsys):
         yield "fake/passes", "PASS", "fine", 0.0
         raise RuntimeError("CUDA error: an illegal memory access")
 
-    mod.CHECKS = {"failing": failing, "crashing": crashing, "fused_skip": mod.check_fused_skip}
+    mod.CHECKS = {"failing": failing, "crashing": crashing, "fused_skip": mod.CHECKS["fused_skip"]}
     assert mod.main(["--device", "cpu"]) == 1
     out = capsys.readouterr().out
     assert "| fake/fails       | FAIL   |" in out and "| crashing         | FAIL   |" in out
