@@ -129,10 +129,10 @@ def test_step_scale_script_table(pydocs, load_script, capsys):
     assert dlogits["a32"] > dlogits["a1"] > 0          # and the logit change of one step with them
 
 
-def test_step_scale_measures_a_batch_that_fits_for_gpt_125m(load_script):
+def test_step_scale_measures_a_batch_that_fits_for_gpt_125m():
     """gpt_125m at its micro-batch of 16 x 1024 x 50,304 holds 3.3 GB of logits (OOM-killed at 24 GB with the
     step); the measured batch is capped to 1 GiB of logits, --batch chooses it, tiny models keep theirs."""
-    m = load_script("step_scale").measured_batch
+    from experiments.step_scale import measured_batch as m
     assert m(16, 1024, 50304) == 5 and 4 * 5 * 1024 * 50304 <= 1 << 30
     assert m(16, 256, 320) == 16 and m(16, 1024, 50304, asked=2) == 2
     assert m(16, 1 << 20, 50304) == 1  # never empty
