@@ -51,6 +51,18 @@ def save(fig, out: Path, title: str | None) -> None:
     plt.close(fig)
 
 
+def _frame(ax, run: runlib.Run, r: int, c: int, rows: int, ylabel: str) -> None:
+    """A panel of the grid (row r, column c = one run): the run on top, the row's quantity on the left,
+    tokens along the bottom."""
+    if r == 0:
+        ax.set_title(f"{run.label} (seed {run.seed})", fontsize=9)
+    if c == 0:
+        ax.set_ylabel(ylabel)
+    if r == rows - 1:
+        ax.set_xlabel("tokens")
+    ax.grid(alpha=0.3)
+
+
 def plot(runs: list[runlib.Run], out: Path, title: str | None = None) -> None:
     fig, axes = plt.subplots(len(ROWS), len(runs), figsize=(3.4 * len(runs), 2.6 * len(ROWS)), squeeze=False,
                              sharex="col")
@@ -64,13 +76,7 @@ def plot(runs: list[runlib.Run], out: Path, title: str | None = None) -> None:
                 ax.plot(xs, ys, color=col, lw=1.2, label=f"j={j}" if c == 0 or r == 0 else None)
             if logy and series:
                 ax.set_yscale("log")
-            if r == 0:
-                ax.set_title(f"{run.label} (seed {run.seed})", fontsize=9)
-            if c == 0:
-                ax.set_ylabel(ylabel)
-            if r == len(ROWS) - 1:
-                ax.set_xlabel("tokens")
-            ax.grid(alpha=0.3)
+            _frame(ax, run, r, c, len(ROWS), ylabel)
         if depth_series(run.stats, ROWS[0][0]):
             axes[0][c].legend(fontsize=6, ncol=2, title="sublayer", title_fontsize=6)
     save(fig, out, title)
@@ -88,11 +94,5 @@ def plot_scalars(runs: list[runlib.Run], out: Path, title: str | None = None) ->
             lines = series.get(kind, {})
             for (xs, ys), col in zip(lines.values(), shades(color, len(lines))):
                 ax.plot(xs, ys, color=col, lw=1.2)
-            if r == 0:
-                ax.set_title(f"{run.label} (seed {run.seed})", fontsize=9)
-            if c == 0:
-                ax.set_ylabel(kind)
-            if r == len(kinds) - 1:
-                ax.set_xlabel("tokens")
-            ax.grid(alpha=0.3)
+            _frame(ax, run, r, c, len(kinds), kind)
     save(fig, out, title)
