@@ -25,13 +25,17 @@ class Registry(Mapping):
 
     def register(self, name: str) -> Callable[[Any], Any]:
         def deco(obj):
-            if name in self._items:
-                raise ValueError(f"{self.key}: {name!r} is registered twice")  # a bug, not a user error
+            self.add(name, obj)
             if isinstance(obj, type):
                 obj.name = name
-            self._items[name] = obj
             return obj
         return deco
+
+    def add(self, name: str, obj: Any) -> None:
+        """`obj` under `name`, leaving obj as it is (one object may serve several names)."""
+        if name in self._items:
+            raise ValueError(f"{self.key}: {name!r} is registered twice")  # a bug, not a user error
+        self._items[name] = obj
 
     def __getitem__(self, name: str) -> Any:
         if name not in self._items:

@@ -2,9 +2,20 @@
 
     from model import GPT, GPTConfig
     model = GPT(GPTConfig(norm="geonorm", n_layer=12, n_head=12, n_embd=768))
+
+The config (model.config, model.norm_options) imports without torch, so `--help` and Hydra's
+composition read the schema without it; the modules are imported on first use.
 """
 from .config import ConfigError, GPTConfig
-from .gpt import GPT, KVCache
-from .variants import VARIANTS, get_variant
 
 __all__ = ["GPT", "GPTConfig", "ConfigError", "KVCache", "VARIANTS", "get_variant"]
+
+
+def __getattr__(name: str):
+    if name in ("GPT", "KVCache"):
+        from . import gpt
+        return getattr(gpt, name)
+    if name in ("VARIANTS", "get_variant"):
+        from . import variants
+        return getattr(variants, name)
+    raise AttributeError(f"module 'model' has no attribute {name!r}")

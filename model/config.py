@@ -10,8 +10,7 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 from common import ConfigError
 from common.config import Name, PosInt, Range, bad, build, check, defaults, own_options, to_plain, union_keys
 
-from .init import INITS
-from .variants import VARIANTS, NormOptions, get_variant
+from .norm_options import NORM_OPTIONS, NormOptions
 
 
 def norm_options(node: Any) -> NormOptions:
@@ -19,7 +18,7 @@ def norm_options(node: Any) -> NormOptions:
     given = {k: v for k, v in to_plain(asdict(node) if isinstance(node, NormOptions) else node).items()
              if v is not None}
     name = given.setdefault("name", NormOptions.name)
-    cls = get_variant(name).Options  # an unknown name raises ConfigError listing the valid ones
+    cls = NORM_OPTIONS[name]  # an unknown name raises ConfigError listing the valid ones
     opts = own_options(cls, given, "norm", f"norm.name={name}", norm_group_keys())
     for k, setting in opts.unread(set(given)).items():
         bad(f"norm.{k}", given[k], f"read only with {setting} (its options: {', '.join(f.name for f in fields(cls))})")
@@ -28,7 +27,7 @@ def norm_options(node: Any) -> NormOptions:
 
 def norm_group_keys() -> dict:
     """{key: the Options class that declares it first} over every registered variant: the `norm` schema."""
-    return union_keys(get_variant(name).Options for name in VARIANTS)
+    return union_keys(NORM_OPTIONS.values())
 
 
 @dataclass
@@ -64,6 +63,8 @@ class GPTConfig:
         check(self, "model")
         if self.n_embd % self.n_head:
             bad("model.n_embd", self.n_embd, f"must be divisible by model.n_head={self.n_head}")
+        from .init import INITS  # torch: the schema (`--help`, composition) never builds a config
+
         INITS[self.init]  # an unknown scheme: one line listing the valid ones
         if self.pos_emb == "rope" and self.rope_dims < 2:
             bad("model.rope_fraction", self.rope_fraction, f"rotates no pair of the {self.head_dim} head dimensions")
@@ -113,7 +114,7 @@ _FLAT = {"norm": "name", "norm_kind": "kind", "norm_eps": "eps", "geonorm_clamp"
 def _from_flat(d: dict) -> dict:
     """An old flat model_config in today's form: the norm keys the variant reads, under `norm`."""
     flat = {key: d.pop(old) for old, key in _FLAT.items() if old in d}
-    own = {f.name for f in fields(get_variant(flat["name"]).Options)}
+    own = {f.name for f in fields(NORM_OPTIONS[flat["name"]])}
     norm = {k: v for k, v in flat.items() if k in own}
     if norm.get("embed_norm") != "scalenorm":    # a radius flag without a ScaleNorm was never read
         norm.pop("learn_radius", None)

@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 from hydra import compose, initialize_config_dir
 
-from model import GPTConfig
+from model import GPTConfig, VARIANTS
+from model.norm_options import NORM_OPTIONS
 from runtime import checkpoint as ck
 from trainer.config_store import register_code_configs
 from trainer.loop import train
@@ -21,6 +22,8 @@ def unregister(registry, name: str) -> None:
     """Remove a component a test registered (the registries have no removal: components are defined
     once, at import)."""
     registry._items.pop(name, None)
+    if registry is VARIANTS:  # a variant's keys were recorded beside it
+        NORM_OPTIONS._items.pop(name, None)
 
 
 def gpt_config(norm: str = "pre_ln", **kw) -> GPTConfig:

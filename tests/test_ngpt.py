@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig, VARIANTS
-from model.variants import NGPT, PreLN
+from model.variants import NGPT, PreLN, register
 from runtime import checkpoint as ck
 from trainer.config import optim_config
 from trainer.loop import train
@@ -100,7 +100,7 @@ class _Recorder(PreLN):
 
 @pytest.mark.usefixtures("pydocs")
 def test_loop_calls_the_hook_after_applied_steps_only(tmp_path):
-    VARIANTS.register("recorder")(_Recorder)
+    register("recorder")(_Recorder)
     try:
         _Recorder.calls = []
         train(make_cfg(tmp_path, "norm.name=recorder", "train.max_steps=5", "train.inject_nan_at=3"))

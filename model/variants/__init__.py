@@ -8,12 +8,10 @@ A variant is three parts (docs/variants.md gives every variant's exact rule and 
 One instance of the class is made per sublayer (index j = 0..2N-1, block k = j//2 + 1), so each
 sublayer owns its norms and scalars.
 
-Each variant owns its `norm.*` keys: `Options`, a dataclass on the class that extends its parent's (and
-may change a parent's default: Post-LN has no output Norm). `GPTConfig.norm` is an instance of the
-chosen variant's `Options`, so `cfg.norm.clamp` exists exactly for the variants that read it, and a key
-the variant does not read is an error naming the keys it does (model/config.py builds it). A new option
-is one field with its doc line, its valid values in its annotation (`streams: PosInt = 4`, `Literal`,
-`Range`: common/config.py); a check relating two fields goes in that class's `__post_init__`.
+Each variant's `norm.*` keys are its `Options` dataclass, recorded by name in model/norm_options.py
+(torch-free, so the config and `--help` read them without building a model); `GPTConfig.norm` is an
+instance of the chosen variant's Options, and a key the variant does not read is an error naming the
+keys it does (model/config.py builds it).
 """
 from .base import VARIANTS, NormOptions, Variant, get_variant, register  # noqa: F401
 # imported in this order: the order of registration is the order of every table and legend

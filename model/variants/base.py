@@ -1,24 +1,38 @@
-"""The variant interface and its registry: `VARIANTS` (name -> class), `register`, `NormOptions` (the
-`norm.*` keys every variant reads) and `Variant` (input step, sublayer rule, output step, and the hooks).
-The families live beside it: classic.py, sphere.py, depth.py, ngpt.py, recent.py, streams.py."""
+"""The variant interface and its registry: `VARIANTS` (name -> class), `register` and `Variant` (input
+step, sublayer rule, output step, and the hooks). Each variant's `norm.*` keys are in ../norm_options.py
+(torch-free); the families live beside this file: classic.py, sphere.py, depth.py, ngpt.py, recent.py,
+streams.py."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Type
 
 import torch
 import torch.nn as nn
 
 from common import Registry
-from common.config import NonNeg, Positive, check
 
-from ..norms import INPUT_STEPS, NORM_KINDS, make_input_step, make_norm
+from ..norm_options import NORM_OPTIONS, NormOptions
+from ..norms import make_input_step, make_norm
 
 if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
     from ..config import GPTConfig
 
 VARIANTS = Registry("norm.name")   # name -> Variant class; `@register("name")` adds one
-register = VARIANTS.register
+
+
+def register(name: str):
+    """Register a Variant class under `name`, with its `norm.*` keys: the Options recorded for that name in
+    model/norm_options.py, or, for a variant defined elsewhere, the Options class it carries (or inherits)."""
+    def deco(cls):
+        own = cls.__dict__.get("Options")
+        if name in NORM_OPTIONS:
+            if own is not None:
+                raise ValueError(f"norm.name {name!r}: its Options are in model/norm_options.py, not on the class")
+            cls.Options = NORM_OPTIONS[name]
+        else:
+            NORM_OPTIONS.add(name, cls.Options)
+        return VARIANTS.register(name)(cls)
+    return deco
 
 
 def get_variant(name: str) -> Type["Variant"]:
@@ -26,32 +40,6 @@ def get_variant(name: str) -> Type["Variant"]:
 
 
 Sublayer = Callable[[torch.Tensor], torch.Tensor]
-
-
-@dataclass
-class NormOptions:
-    """The `norm.*` keys every variant reads (its Norms, input and output step)."""
-    name: str = "pre_ln"              # the variant: a name registered in model/variants/
-    kind: str = "layernorm"           # layernorm | rmsnorm | derf (every Norm of the variant)
-    eps: NonNeg = 1e-5                # epsilon of every Norm
-    embed_norm: str = "none"          # input step: none | layer | scalenorm | unit | scaled
-    final_norm: bool = True           # output Norm before the LM head
-    learn_radius: bool = True         # input step scalenorm: its radius g learnable (false: fixed at 1)
-    derf_alpha: Positive = 1.0        # norm.kind=derf: Derf's initial alpha (1: its paper's language-model setting)
-
-    def __post_init__(self) -> None:
-        check(self, "norm")  # every field of the variant's Options, its own included
-        NORM_KINDS[self.kind], INPUT_STEPS[self.embed_norm]  # unknown names: one line listing the valid ones
-
-    def unread(self, given) -> dict:
-        """Of the keys set (`given`) away from their defaults, those this configuration does not read, each
-        with the setting that reads it (a fixed radius without a ScaleNorm to fix; Derf's alpha without Derf)."""
-        out = {}
-        if not self.learn_radius and self.embed_norm != "scalenorm":
-            out["learn_radius"] = "norm.embed_norm=scalenorm"
-        if self.derf_alpha != 1.0 and self.kind != "derf":
-            out["derf_alpha"] = "norm.kind=derf"
-        return out
 
 
 class Variant(nn.Module):

@@ -2,17 +2,14 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Literal
 
 import torch
 import torch.nn as nn
 
-from common.config import Finite
 
 from ..norms import DyT, make_norm
 
-from .base import NormOptions, Variant, register
+from .base import Variant, register
 
 
 @register("pre_ln")
@@ -31,10 +28,6 @@ class PreLN(Variant):
 class PostLN(Variant):
     """Post-LN (Vaswani et al. 2017, sec. 3.1): h = e;  h <- Norm(h + F(h));  no output step."""
 
-    @dataclass
-    class Options(NormOptions):
-        final_norm: bool = False      # output Norm before the LM head
-
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
         self.norm = make_norm(cfg)
@@ -48,12 +41,6 @@ class DeepNorm(Variant):
     """DeepNorm (Wang et al., DeepNet, arXiv 2203.00555, decoder-only constants):
     h = e;  h <- Norm(alpha*h + F(h)), alpha = (2N)^(1/4);  no output step.
     Init: beta = (8N)^(-1/4) < 1 on V, attention output and both MLP matrices (see init_weights)."""
-
-    @dataclass
-    class Options(NormOptions):
-        final_norm: bool = False      # output Norm before the LM head
-        #: scaled: nanoGPT's N(0, 0.02) times beta; xavier: beta times Xavier's std
-        deepnorm_init: Literal["scaled", "xavier"] = "scaled"
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -103,21 +90,12 @@ class Sandwich(Variant):
 class PeriLN(Sandwich):
     """Peri-LN (Kim et al., arXiv 2502.02732): Sandwich's rule, plus the input step h = Norm_emb(e)."""
 
-    @dataclass
-    class Options(NormOptions):
-        embed_norm: str = "layer"     # input step: none | layer | scalenorm | unit
-
 
 @register("keel")
 class Keel(Variant):
     """Keel (arXiv 2601.19895): h = e;  h <- Norm_1(alpha*h + F(Norm_2(h))), alpha = 2N (sublayers);
     no output step [choice]. First sublayers (`norm.first_layer`): v2 (default) makes sublayer 1
     plain Pre-LN and sublayer 2 use alpha = 1; v1 makes sublayers 1 and 2 plain Pre-LN."""
-
-    @dataclass
-    class Options(NormOptions):
-        final_norm: bool = False      # output Norm before the LM head
-        first_layer: Literal["v2", "v1"] = "v2"  # Keel's first sublayers
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -137,11 +115,6 @@ class Keel(Variant):
 class PreDyT(Variant):
     """Pre-DyT (Zhu et al., arXiv 2503.10622): h = e;  h <- h + F(DyT(h));  output DyT(h).
     alpha init: `norm.alpha_attn` before attention, `norm.alpha_other` before the MLP and at the output."""
-
-    @dataclass
-    class Options(NormOptions):
-        alpha_attn: Finite = 0.5      # DyT alpha at init, attention sublayers
-        alpha_other: Finite = 0.5     # DyT alpha at init, other Norms
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -13,7 +12,7 @@ import torch.nn as nn
 if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
     from ..config import GPTConfig
 
-from .base import NormOptions, Variant, register
+from .base import Variant, register
 
 
 class _ScaledVector(nn.Module):
@@ -88,10 +87,6 @@ class NGPT(Variant):
     every matrix renormalized along the embedding dimension after each applied optimizer step;
     no weight decay, no warmup."""
 
-    @dataclass
-    class Options(NormOptions):
-        embed_norm: str = "unit"      # input step: none | layer | scalenorm | unit
-        final_norm: bool = False      # output Norm before the LM head
     optim_overrides = {"weight_decay": 0.0, "warmup_steps": 0}
 
     def __init__(self, cfg, j):

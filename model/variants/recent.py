@@ -2,16 +2,14 @@
 HybridNorm."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 
 import torch.nn as nn
 
-from common.config import NonNeg
 
 from ..norms import make_norm
 from ..sphere import _acc, _dot
 
-from .base import NormOptions, Variant, register
+from .base import Variant, register
 from .classic import PreLN
 
 
@@ -21,11 +19,6 @@ class PreDerf(PreLN):
     h <- h + F(Derf(h));  output Derf(h);  Derf(x) = gamma erf(alpha x + shift) + beta (Eq. 1).
     Pre-LN with norm.kind=derf and the scaled input step; any variant takes norm.kind=derf."""
 
-    @dataclass
-    class Options(NormOptions):
-        kind: str = "derf"            # layernorm | rmsnorm | derf (every Norm of the variant)
-        embed_norm: str = "scaled"    # input step: none | layer | scalenorm | unit | scaled
-
 
 @register("ortho_pre_ln")
 class OrthoPreLN(Variant):
@@ -34,10 +27,6 @@ class OrthoPreLN(Variant):
     sublayer's output orthogonal to its token's stream is added: the stream is turned and lengthened
     (||h||^2 grows by ||s_perp||^2), never scaled along itself. Between Pre-LN and the sphere family:
     the tangent projection without a retraction. Dots in float32 [choice]; per token, over d."""
-
-    @dataclass
-    class Options(NormOptions):
-        ortho_eps: NonNeg = 1e-6          # eps in <s,h>/(||h||^2 + eps) (the paper's code: 1e-6)
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -67,10 +56,6 @@ class HybridNorm(Variant):
     itself;  MLP: n = Norm(h), h <- n + F(n) (Post-Norm: the residual path starts after the norm);
     output Norm(h) [choice].  norm.star=true is HybridNorm*: the first block is Pre-Norm (attention
     reads Norm(h), QKV-Norm kept; MLP h + F(Norm(h)))."""
-
-    @dataclass
-    class Options(NormOptions):
-        star: bool = False                # HybridNorm*: the first block Pre-Norm (the paper's variant)
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)

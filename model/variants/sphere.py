@@ -3,53 +3,23 @@ shared options and update (the maths is in model/sphere.py)."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Annotated, ClassVar, Literal, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common.config import Finite, Range, bad
 
-from ..decay import DECAYS, decay_factor
+from ..decay import decay_factor
 from ..norms import make_norm
 from ..sphere import spheret_angle, sphere_update
 
-from .base import NormOptions, Variant, register
-
-
-# p of a SpheretNorm retraction: > 0, .inf the exponential map
-RetractionP = Annotated[float, Range(0, math.inf, "(]", "(.inf in YAML for the exponential map)")]
-
-
-@dataclass
-class SphereOptions(NormOptions):
-    """The `norm.*` keys of the sphere family (GeoNorm, the SpheretNorms)."""
-    decay: str = "none"               # step decay lambda: none | harmonic | sqrt | linear
-    decay_index: Literal["block", "sublayer"] = "block"  # lambda indexed by block k of N, or by sublayer j+1 of 2N
-    #: F reads the raw stream h (raw) or Norm(h) (norm; GeoNorm's default)
-    sublayer_input: Literal["raw", "norm"] = "raw"
-    #: initial step sizes set so the mean angle at init is this (rad); null: the _init value
-    target_angle: Optional[float] = None
-
-    def __post_init__(self):
-        super().__post_init__()
-        DECAYS[self.decay]
-        if self.target_angle is not None and not 0 < self.target_angle < self.angle_bound():
-            bad("norm.target_angle", self.target_angle, f"must be a number in (0, {self.angle_bound():.4g}) rad "
-                "(the rule's bound), or null")
-
-    def angle_bound(self) -> float:
-        """The largest angle the rule can produce: bounds norm.target_angle, and the monitor reports the
-        share of tokens near it."""
-        return math.inf
+from .base import Variant, register
 
 
 class _SphereVariant(Variant):
     """Shared plumbing of the sphere family: F sees h directly, the update is a rotation of h."""
 
-    Options = SphereOptions
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -132,19 +102,6 @@ class GeoNorm(_SphereVariant):
     h <- cos(theta) h + sin(theta) ||h|| v/||v||;  output Norm(h) [choice].
     a (init `norm.a_init`, 1) and b (init 0) are learnable float scalars per sublayer; lambda_k from `norm.decay`."""
 
-    @dataclass
-    class Options(SphereOptions):
-        decay: str = "harmonic"       # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
-        clamp: Annotated[float, Range(0, math.pi, "(]", "(3.14159 = pi)")] = math.pi / 4  # angle clamp c (pi/4)
-        a_init: Finite = 1.0          # a at init
-        # Attention and the MLP read Norm(h): GeoNorm's stream keeps the embedding's radius, so the raw h
-        # (the other choice, `raw`) makes its first attention logits ~1e-3 of Pre-LN's (our choice; the
-        # paper does not say what its sublayers read; docs/step_scale_study.md).
-        sublayer_input: Literal["raw", "norm"] = "norm"
-
-        def angle_bound(self):
-            return self.clamp
-
     optim_groups = {"a": "scalars", "b": "scalars"}
 
     def __init__(self, cfg, j):
@@ -184,22 +141,6 @@ class SpheretNorm(_SphereVariant):
     h <- cos(theta) h + sin(theta) ||h|| z/||z||;  output Norm(h) [choice].
     alpha_k = softplus(rho) per sublayer, initialised to `norm.alpha_init` (1); lambda_k = 1/sqrt(k) by default."""
 
-    @dataclass
-    class Options(SphereOptions):
-        fixed_p: ClassVar[Optional[float]] = None  # set by the variants that are one member of the p-family
-        decay: str = "sqrt"           # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
-        embed_norm: str = "scalenorm" # input step: none | layer | scalenorm | unit
-        p: RetractionP = 1.0          # p of the retraction (> 0; .inf = the exponential map)
-        alpha_init: Annotated[float, Range(0, math.inf, "()", "(softplus(rho) at init)")] = 1.0  # softplus(rho) at init
-
-        def __post_init__(self):
-            super().__post_init__()
-            if self.fixed_p is not None and self.p != self.fixed_p:
-                bad("norm.p", self.p, f"norm.name={self.name} means p={self.fixed_p:g}; use norm=spheret to choose p")
-
-        def angle_bound(self):
-            return self.p * math.pi / 2  # p atan(beta/p) < p pi/2; inf for the exponential map
-
     optim_groups = {"rho": "scalars"}
 
     def __init__(self, cfg, j):
@@ -229,17 +170,8 @@ class SpheretNorm(_SphereVariant):
 class ProjSpheretNorm(SpheretNorm):
     """1-SpheretNorm: the metric-projection retraction ||h|| (h+u)/||h+u|| (p = 1)."""
 
-    @dataclass
-    class Options(SpheretNorm.Options):
-        fixed_p: ClassVar[Optional[float]] = 1.0
-        p: RetractionP = 1.0          # fixed: 1 (use norm=spheret to choose p)
-
 
 @register("cay_spheret")
 class CaySpheretNorm(SpheretNorm):
     """2-SpheretNorm: the Cayley retraction (p = 2)."""
 
-    @dataclass
-    class Options(SpheretNorm.Options):
-        fixed_p: ClassVar[Optional[float]] = 2.0
-        p: RetractionP = 2.0          # fixed: 2 (use norm=spheret to choose p)

@@ -2,24 +2,16 @@
 matrices."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Dict
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from common.config import PosInt
 
 from ..norms import make_input_step, make_norm
 
-from .base import NormOptions, Variant, register
-
-
-@dataclass
-class StreamOptions(NormOptions):
-    streams: PosInt = 4               # n: copies of the residual stream (the expansion rate; the papers' 4)
-    dynamic: bool = False             # coefficients also computed from the stream (the papers' dynamic form)
+from .base import Variant, register
 
 
 class _WideStream(Variant):
@@ -28,7 +20,6 @@ class _WideStream(Variant):
     (stream_view) sees that sum. Each sublayer reads a weighted sum of the copies through a Pre-Norm,
     F(Norm(x)), and writes to every copy: H <- mix(H) + post (x) F(Norm(x)) (subclasses: the weights)."""
 
-    Options = StreamOptions
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -134,11 +125,6 @@ def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     return z.exp()
 
 
-@dataclass
-class ManifoldStreamOptions(StreamOptions):
-    sinkhorn_iters: PosInt = 20       # Sinkhorn-Knopp iterations of H_res (the paper's t_max)
-
-
 @register("mhc")
 class ManifoldHyperConnections(_WideStream):
     """Manifold-constrained hyper-connections (Xie et al., arXiv 2512.24880, Eq. 3-8): x = H_pre H,
@@ -148,7 +134,6 @@ class ManifoldHyperConnections(_WideStream):
     a (RMSNorm(vec H) W) with W zero and a = 0.01 at init. Init [choice, as the reference code]: H_res
     near I (logits 0 on the diagonal, -8 off it), H_pre near the one-hot of copy j mod n, H_post = 1."""
 
-    Options = ManifoldStreamOptions
     optim_groups = {"b_pre": "scalars", "b_res": "scalars", "b_post": "scalars", "w_pre": "scalars",
                     "w_res": "scalars", "w_post": "scalars", "a_pre": "scalars", "a_res": "scalars",
                     "a_post": "scalars"}

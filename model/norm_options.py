@@ -1,0 +1,220 @@
+"""The `norm.*` keys of every variant, without torch: the config, `--help` and Hydra's composition read
+them before a model is built. `NORM_OPTIONS` maps a variant's name to its `Options` dataclass; the
+variant class of the same name (model/variants/) takes it as its `Options`.
+
+Each Options extends its parent's (and may change a parent's default: Post-LN has no output Norm), so
+`GPTConfig.norm.clamp` exists exactly for the variants that read it. A new option is one field with its
+doc line and its valid values in its annotation (`streams: PosInt = 4`, `Literal`, `Range`:
+common/config.py); a check relating two fields goes in that class's `__post_init__`. A variant defined
+in a user's own module may instead carry an `Options` class of its own (`register` records it here).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Annotated, ClassVar, Literal, Optional
+
+from common import Registry
+from common.config import Finite, NonNeg, PosInt, Positive, Range, bad, check
+
+NORM_OPTIONS = Registry("norm.name")   # variant name -> its Options class, in the variants' order
+
+
+def options(*names: str):
+    """Record the decorated Options class as the `norm.*` keys of each variant in `names`."""
+    def deco(cls):
+        for name in names:
+            NORM_OPTIONS.add(name, cls)
+        return cls
+    return deco
+
+
+@dataclass
+class NormOptions:
+    """The `norm.*` keys every variant reads (its Norms, input and output step)."""
+    name: str = "pre_ln"              # the variant: a name registered in model/variants/
+    kind: str = "layernorm"           # layernorm | rmsnorm | derf (every Norm of the variant)
+    eps: NonNeg = 1e-5                # epsilon of every Norm
+    embed_norm: str = "none"          # input step: none | layer | scalenorm | unit | scaled
+    final_norm: bool = True           # output Norm before the LM head
+    learn_radius: bool = True         # input step scalenorm: its radius g learnable (false: fixed at 1)
+    derf_alpha: Positive = 1.0        # norm.kind=derf: Derf's initial alpha (1: its paper's language-model setting)
+
+    def __post_init__(self) -> None:
+        from .norms import INPUT_STEPS, NORM_KINDS  # torch: only when a config is built, never for the schema
+
+        check(self, "norm")  # every field of the variant's Options, its own included
+        NORM_KINDS[self.kind], INPUT_STEPS[self.embed_norm]  # unknown names: one line listing the valid ones
+
+    def unread(self, given) -> dict:
+        """Of the keys set (`given`) away from their defaults, those this configuration does not read, each
+        with the setting that reads it (a fixed radius without a ScaleNorm to fix; Derf's alpha without Derf)."""
+        out = {}
+        if not self.learn_radius and self.embed_norm != "scalenorm":
+            out["learn_radius"] = "norm.embed_norm=scalenorm"
+        if self.derf_alpha != 1.0 and self.kind != "derf":
+            out["derf_alpha"] = "norm.kind=derf"
+        return out
+
+
+# ---- the classic placements (model/variants/classic.py) ----
+options("pre_ln")(NormOptions)
+
+
+@options("post_ln")
+@dataclass
+class PostLNOptions(NormOptions):
+    final_norm: bool = False          # output Norm before the LM head
+
+
+@options("deepnorm")
+@dataclass
+class DeepNormOptions(NormOptions):
+    final_norm: bool = False          # output Norm before the LM head
+    #: scaled: nanoGPT's N(0, 0.02) times beta; xavier: beta times Xavier's std
+    deepnorm_init: Literal["scaled", "xavier"] = "scaled"
+
+
+options("sandwich")(NormOptions)
+
+
+@options("peri_ln")
+@dataclass
+class PeriLNOptions(NormOptions):
+    embed_norm: str = "layer"         # input step: none | layer | scalenorm | unit
+
+
+@options("keel")
+@dataclass
+class KeelOptions(NormOptions):
+    final_norm: bool = False          # output Norm before the LM head
+    first_layer: Literal["v2", "v1"] = "v2"  # Keel's first sublayers
+
+
+@options("pre_dyt")
+@dataclass
+class PreDyTOptions(NormOptions):
+    alpha_attn: Finite = 0.5          # DyT alpha at init, attention sublayers
+    alpha_other: Finite = 0.5         # DyT alpha at init, other Norms
+
+
+# ---- the sphere family (model/variants/sphere.py) ----
+# p of a SpheretNorm retraction: > 0, .inf the exponential map
+RetractionP = Annotated[float, Range(0, math.inf, "(]", "(.inf in YAML for the exponential map)")]
+
+
+@dataclass
+class SphereOptions(NormOptions):
+    """The `norm.*` keys of the sphere family (GeoNorm, the SpheretNorms)."""
+    decay: str = "none"               # step decay lambda: none | harmonic | sqrt | linear
+    decay_index: Literal["block", "sublayer"] = "block"  # lambda indexed by block k of N, or by sublayer j+1 of 2N
+    #: F reads the raw stream h (raw) or Norm(h) (norm; GeoNorm's default)
+    sublayer_input: Literal["raw", "norm"] = "raw"
+    #: initial step sizes set so the mean angle at init is this (rad); null: the _init value
+    target_angle: Optional[float] = None
+
+    def __post_init__(self):
+        from .decay import DECAYS
+
+        super().__post_init__()
+        DECAYS[self.decay]
+        if self.target_angle is not None and not 0 < self.target_angle < self.angle_bound():
+            bad("norm.target_angle", self.target_angle, f"must be a number in (0, {self.angle_bound():.4g}) rad "
+                "(the rule's bound), or null")
+
+    def angle_bound(self) -> float:
+        """The largest angle the rule can produce: bounds norm.target_angle, and the monitor reports the
+        share of tokens near it."""
+        return math.inf
+
+
+@options("geonorm")
+@dataclass
+class GeoNormOptions(SphereOptions):
+    decay: str = "harmonic"           # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
+    clamp: Annotated[float, Range(0, math.pi, "(]", "(3.14159 = pi)")] = math.pi / 4  # angle clamp c (pi/4)
+    a_init: Finite = 1.0              # a at init
+    # Attention and the MLP read Norm(h): GeoNorm's stream keeps the embedding's radius, so the raw h
+    # (the other choice, `raw`) makes its first attention logits ~1e-3 of Pre-LN's (our choice; the
+    # paper does not say what its sublayers read; docs/step_scale_study.md).
+    sublayer_input: Literal["raw", "norm"] = "norm"
+
+    def angle_bound(self):
+        return self.clamp
+
+
+@options("spheret")
+@dataclass
+class SpheretOptions(SphereOptions):
+    fixed_p: ClassVar[Optional[float]] = None  # set by the variants that are one member of the p-family
+    decay: str = "sqrt"               # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
+    embed_norm: str = "scalenorm"     # input step: none | layer | scalenorm | unit
+    p: RetractionP = 1.0              # p of the retraction (> 0; .inf = the exponential map)
+    alpha_init: Annotated[float, Range(0, math.inf, "()", "(softplus(rho) at init)")] = 1.0  # softplus(rho) at init
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.fixed_p is not None and self.p != self.fixed_p:
+            bad("norm.p", self.p, f"norm.name={self.name} means p={self.fixed_p:g}; use norm=spheret to choose p")
+
+    def angle_bound(self):
+        return self.p * math.pi / 2  # p atan(beta/p) < p pi/2; inf for the exponential map
+
+
+@options("proj_spheret")
+@dataclass
+class ProjSpheretOptions(SpheretOptions):
+    fixed_p: ClassVar[Optional[float]] = 1.0
+    p: RetractionP = 1.0              # fixed: 1 (use norm=spheret to choose p)
+
+
+@options("cay_spheret")
+@dataclass
+class CaySpheretOptions(SpheretOptions):
+    fixed_p: ClassVar[Optional[float]] = 2.0
+    p: RetractionP = 2.0              # fixed: 2 (use norm=spheret to choose p)
+
+
+# ---- depth-dependent placements (model/variants/depth.py) and nGPT (model/variants/ngpt.py) ----
+options("lns", "mix_ln")(NormOptions)
+
+
+@options("ngpt")
+@dataclass
+class NGPTOptions(NormOptions):
+    embed_norm: str = "unit"          # input step: none | layer | scalenorm | unit
+    final_norm: bool = False          # output Norm before the LM head
+
+
+# ---- the 2025-26 methods on one stream (model/variants/recent.py) ----
+@options("pre_derf")
+@dataclass
+class PreDerfOptions(NormOptions):
+    kind: str = "derf"                # layernorm | rmsnorm | derf (every Norm of the variant)
+    embed_norm: str = "scaled"        # input step: none | layer | scalenorm | unit | scaled
+
+
+@options("ortho_pre_ln")
+@dataclass
+class OrthoOptions(NormOptions):
+    ortho_eps: NonNeg = 1e-6          # eps in <s,h>/(||h||^2 + eps) (the paper's code: 1e-6)
+
+
+@options("hybridnorm")
+@dataclass
+class HybridNormOptions(NormOptions):
+    star: bool = False                # HybridNorm*: the first block Pre-Norm (the paper's variant)
+
+
+# ---- widened streams (model/variants/streams.py) ----
+@options("hc")
+@dataclass
+class StreamOptions(NormOptions):
+    streams: PosInt = 4               # n: copies of the residual stream (the expansion rate; the papers' 4)
+    dynamic: bool = False             # coefficients also computed from the stream (the papers' dynamic form)
+
+
+@options("mhc")
+@dataclass
+class ManifoldStreamOptions(StreamOptions):
+    sinkhorn_iters: PosInt = 20       # Sinkhorn-Knopp iterations of H_res (the paper's t_max)
