@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 import torch
-from hydra import compose, initialize_config_dir
 
-from common import ConfigError, report_user_errors
+from common import report_user_errors
 from runtime import distributed as D
 from trainer.config import parse_run_config
 from trainer.loop import Trainer
@@ -76,17 +75,9 @@ def harness_loop(trainer: Trainer) -> tuple:
 
 
 def make_trainer(overrides, out_dir):
-    from hydra.errors import ConfigCompositionException, OverrideParseException
+    from trainer.config_store import compose_config
 
-    from common.config import composition_error_line
-    from trainer.config_store import group_defaults, register_code_configs
-
-    register_code_configs()
-    try:
-        with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base=None):
-            cfg = compose("config", overrides=[*overrides, f"out_dir={out_dir}", "train.overwrite=true"])
-    except (ConfigCompositionException, OverrideParseException) as e:
-        raise ConfigError(composition_error_line(e, group_defaults())) from None  # one line, as train.py says it
+    cfg = compose_config([*overrides, f"out_dir={out_dir}", "train.overwrite=true"])  # errors: one line
     trainer = Trainer(parse_run_config(cfg), D.init_distributed(cfg.train.device, precision=cfg.train.precision))
     trainer.setup()
     return trainer

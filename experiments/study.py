@@ -493,9 +493,8 @@ def check_setting(study: Study, args) -> None:
     from hydra.errors import HydraException
 
     from common import UserError
-    from common.config import composition_error_line
     from trainer.config import parse_run_config
-    from trainer.config_store import group_defaults, register_code_configs
+    from trainer.config_store import composition_error, register_code_configs
 
     if not (REPO / "configs" / "experiment" / f"{args.experiment}.yaml").is_file():
         valid = sorted(p.stem for p in (REPO / "configs" / "experiment").glob("*.yaml"))
@@ -504,12 +503,12 @@ def check_setting(study: Study, args) -> None:
     register_code_configs()
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
         try:
-            parse_run_config(compose("config", overrides=[f"experiment={args.experiment}", *study.overrides,
-                                                          *args.overrides]))
+            overrides = [f"experiment={args.experiment}", *study.overrides, *args.overrides]
+            parse_run_config(compose("config", overrides=overrides))
         except UserError as e:
             raise SystemExit(f"{study.name}: {' '.join(str(e).split())}") from None
         except HydraException as e:
-            raise SystemExit(f"{study.name}: {composition_error_line(e, group_defaults())}") from None
+            raise SystemExit(f"{study.name}: {composition_error(e, overrides)}") from None
 
 
 def run_parts(runner, parts: list, args) -> None:

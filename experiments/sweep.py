@@ -365,8 +365,7 @@ def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
 
     from common import UserError
     from trainer.config import parse_run_config
-    from common.config import composition_error_line
-    from trainer.config_store import group_defaults, register_code_configs
+    from trainer.config_store import composition_error, register_code_configs
 
     from experiments.cost import gpu_hours, gpu_name, run_cost
 
@@ -381,7 +380,7 @@ def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
             except UserError as e:
                 bad.append((p["dir"], " ".join(str(e).split())))
             except HydraException as e:
-                bad.append((p["dir"], composition_error_line(e, group_defaults())))
+                bad.append((p["dir"], composition_error(e, overrides)))
     if costs and not bad:  # the cost before anything starts (experiments/cost.py)
         gpu = gpu_name(None)
         hours = sum(gpu_hours(c["flops"], gpu, c["precision"], COST_MFU) for c in costs)

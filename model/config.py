@@ -59,7 +59,8 @@ class GPTConfig:
     norm: Any = field(default_factory=NormOptions)  # a variant name, a mapping of norm.* keys or its Options
 
     def __post_init__(self) -> None:
-        self.norm = norm_options({"name": self.norm} if isinstance(self.norm, str) else self.norm)
+        if not (isinstance(self.norm, NormOptions) and type(self.norm) is NORM_OPTIONS[self.norm.name]):
+            self.norm = norm_options({"name": self.norm} if isinstance(self.norm, str) else self.norm)
         check(self, "model")
         if self.n_embd % self.n_head:
             bad("model.n_embd", self.n_embd, f"must be divisible by model.n_head={self.n_head}")
@@ -149,8 +150,3 @@ def model_group_defaults() -> dict:
     group = defaults(ModelGroup)
     return {**{k: v for k, v in defaults(GPTConfig).items() if k != "norm" and k not in group}, **group}
 
-
-def norm_group_defaults() -> dict:
-    """The `norm` group's Hydra schema: every variant's keys, null (each variant fills in its own defaults)
-    but the name."""
-    return {k: None for k in norm_group_keys()} | {"name": NormOptions.name}

@@ -3,6 +3,7 @@ differs, overrides without `+`, and one-line errors for unknown keys, wrong type
 import os
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,12 @@ from common.config import build, composition_error_line, field_docs
 from data.config import DataConfig
 from evaluation.config import EvalConfig
 from model.config import GPTConfig, ModelGroup
+from model.norm_options import NormOptions
 from model.variants import VARIANTS
 from trainer.config import (GroupConfig, LoggingConfig, OptimConfig, TrainConfig, WandbConfig, optim_config,
                             parse_run_config)
 from trainer.optim import MuonSettings
-from trainer.config_store import group_defaults, register_code_configs
+from trainer.config_store import compose_config, group_defaults, register_code_configs
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
@@ -53,10 +55,11 @@ def test_default_composition_is_the_dataclass_defaults():
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_variant_defaults_come_from_its_class_through_hydra(name):
-    cfg = composed(f"norm={name}")
-    assert cfg.norm.decay is None and cfg.norm.embed_norm is None and cfg.norm.final_norm is None and cfg.norm.p is None
+    cfg = composed(f"norm={name}")  # the variant's own keys at its own defaults, and no other key
+    assert OmegaConf.to_container(cfg.norm) == asdict(VARIANTS[name].Options(name=name))
     m = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=257)
-    assert m.norm == VARIANTS[name].Options(name=name)  # every key at the variant's own default
+    assert m.norm == VARIANTS[name].Options(name=name)
+    assert GPTConfig(norm=m.norm).norm is m.norm  # built and checked once, then kept
 
 
 def test_an_explicit_setting_beats_the_variant_default():
@@ -79,15 +82,20 @@ def test_wrong_types_are_one_line_naming_the_key():
         ("optim.groups.vectors.lr_mult=[1]", "bad config optim.groups.vectors.lr_mult=[1]: must be a number"),
         ("optim.groups=5", "bad config optim.groups=5: must be a group of keys"),
         ("logging.wandb=3", "bad config logging.wandb=3: must be a group of keys"),
+        ("norm=geonorm norm.streams=2", "bad config norm.streams=2: not an option of norm.name=geonorm (its "
+         "options: name, kind, eps, embed_norm, final_norm, learn_radius, derf_alpha, decay, decay_index, "
+         "sublayer_input, target_angle, clamp, a_init)"),
+        ("norm.clampp=0.5", "unknown key(s) norm.clampp: valid keys are name, kind, eps, embed_norm, final_norm, "
+         "learn_radius, derf_alpha"),
     ):
-        with pytest.raises(ConfigError) as e:
-            parse_run_config(composed(*override.split()))
+        with pytest.raises(ConfigError) as e:  # at composition (a key the variant lacks) or when built (a value)
+            parse_run_config(compose_config(override.split()))
         assert str(e.value) == msg
 
 
 def test_composition_errors_become_one_line():
     for override, msg in (
-        ("norm=nope", "unknown norm=nope: valid are " + ", ".join(sorted(VARIANTS))),
+        ("norm=nope", "unknown norm=nope: valid are " + ", ".join(sorted(VARIANTS))),  # Hydra sorts them
         ("model.foo=1", "unknown key(s) model.foo: valid keys are " + ", ".join(group_defaults()["model"])),
         (
             "optim.groups.gains.lr_mult=2",
@@ -132,16 +140,13 @@ def _leaves(d, prefix=""):
 
 def test_yaml_files_hold_only_what_differs_from_the_defaults():
     """A key whose YAML value equals its dataclass default would be a second place that default lives."""
-    from dataclasses import asdict
-
     schema = group_defaults()
-    flat = {g: dict(_leaves(d)) for g, d in schema.items()}
-    for group in ("model", "norm", "data", "train", "optim", "logging"):
+    flat = {g: dict(_leaves(d)) for g, d in schema.items()} | {"norm": asdict(NormOptions())}
+    assert not (CONFIGS / "norm").exists()  # the variants' options are made from their Options, no file
+    for group in ("model", "data", "train", "optim", "logging"):
         for path in sorted((CONFIGS / group).glob("*.yaml")):
             content = yaml.safe_load(path.read_text()) or {}
             own = flat[group]
-            if group == "norm":  # a variant's file states what differs from that variant's own defaults
-                own = asdict(VARIANTS[content["name"]].Options(name=content["name"]))
             for key, value in _leaves({k: v for k, v in content.items() if k != "defaults"}):
                 if group == "optim" and key.startswith("schedule."):  # a nested schedule: its name and keys
                     key = "schedule" if key == "schedule.name" else key.removeprefix("schedule.")

@@ -330,7 +330,9 @@ def test_every_experiment_config_composes() -> None:
     from data.config import DataConfig, DataError
     from model.config import GPTConfig
     from trainer.config import parse_run_config
-    from trainer.config_store import register_code_configs
+    from omegaconf import open_dict
+
+    from trainer.config_store import norm_nodes, register_code_configs
 
     register_code_configs()
     paper = yaml.safe_load((SCRIPTS / "paper_results.yaml").read_text())["settings"]
@@ -351,11 +353,13 @@ def test_every_experiment_config_composes() -> None:
             # one rank, no accumulation remainder
             assert rc.train.batch_tokens % (rc.train.micro_batch_size * cfg.model.block_size) == 0, name
             points = dict(meta.points) if "points" in meta else {v: {"norm": v} for v in meta.variants}
-            for ovr in points.values():  # each point as sweep.py passes it: Hydra overrides
-                pc = OmegaConf.merge(cfg, {"norm": OmegaConf.load(CONFIGS / "norm" / f"{ovr['norm']}.yaml")})
+            for ovr in points.values():  # each point as sweep.py passes it: `norm=<name>`, then its keys
+                pc = OmegaConf.merge(cfg, {})
+                with open_dict(pc):
+                    pc.norm = OmegaConf.create(norm_nodes()[ovr["norm"]])  # the variant's option, as composed
                 for k, v in ovr.items():
                     if k != "norm":
-                        OmegaConf.update(pc, k, v, force_add=False)
+                        OmegaConf.update(pc, k, v, force_add=False)  # a key the variant lacks: an error
                 GPTConfig.from_hydra(pc.model, pc.norm, vocab_size=257)  # raises on a bad point
                 parse_run_config(pc)
             assert rc.data == DataConfig.from_any(OmegaConf.to_container(cfg.data, resolve=True))

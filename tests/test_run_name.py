@@ -34,7 +34,10 @@ def composed_run_name(*overrides):
 @pytest.mark.slow
 def test_readme_commands_after_the_quick_start_get_their_own_run_dirs():
     names = [composed_run_name(*o) for o in ([], ["model.attn_gate=headwise"], ["norm.embed_norm=scalenorm"],
-                                            ["model.init=fan_in"], ["norm.sublayer_input=raw"])]
+                                            ["model.init=fan_in"])]
     assert names[0] == BASE
     assert len(set(names)) == len(names) and all(n.startswith(BASE) for n in names), names
+    geonorm = "geonorm" + BASE.removeprefix("pre_ln")
+    assert composed_run_name("norm=geonorm") == geonorm
+    assert composed_run_name("norm=geonorm", "norm.sublayer_input=raw") == geonorm + "-sublayer_input=raw"
     assert composed_run_name("train.max_steps=2000", "train.resume=auto") == BASE  # a longer run continues

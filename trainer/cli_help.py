@@ -28,7 +28,7 @@ def config_help(config_dir: Path) -> str:
     from common.config import defaults
     from data.config import DataConfig
     from model.config import GPTConfig, ModelGroup
-    from model.variants import VARIANTS
+    from model.norm_options import NORM_OPTIONS
 
     from .config import LoggingConfig, TrainConfig
     from .config_store import register_code_configs
@@ -43,7 +43,7 @@ def config_help(config_dir: Path) -> str:
         cfg = OmegaConf.to_container(compose("config"), resolve=False)
     readers = {"train": [("", TrainConfig)], "logging": [("", LoggingConfig)], "data": [("", DataConfig)],
                "model": [("", ModelGroup), ("", GPTConfig)],  # (component name, its Options)
-               "norm": [(n, v.Options) for n, v in VARIANTS.items()],
+               "norm": list(NORM_OPTIONS.items()),
                "optim": [(n, c.Options) for n, c in [*OPTIMIZERS.items(), *SCHEDULES.items()]]}
     own = {cls: defaults(cls) for rs in readers.values() for _, cls in rs}  # each class's keys and defaults, once
     lines = ["usage: python train.py [group=option ...] [key=value ...]",
@@ -54,13 +54,15 @@ def config_help(config_dir: Path) -> str:
              "",
              "Config groups (default in brackets):"]
     for group in sorted(picked):
-        choices = sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+        choices = list(NORM_OPTIONS) if group == "norm" else sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
         if choices:
             lines.append(f"  {group + '=':<12} " + ", ".join(f"[{c}]" if c == picked[group] else c for c in choices))
     lines += ["", "Options (key=default  doc), as the default groups compose them:"]
     for group in ("train", "optim", "logging", "model", "norm", "data"):
         lines += ["", f"{group}.*  (defaults: {group}={picked.get(group, '')})"]
         node = flat_schedule(cfg[group]) if group == "optim" else cfg[group]  # as on the command line
+        if group == "norm":  # the default variant's keys, then every other variant's, at its default
+            node = {**node, **{k: None for _, c in readers["norm"] for k in own[c] if k not in node}}
         chosen = {"", node.get("name"), node.get("schedule")}
         for key, value in node.items():
             mine = [(n, c) for n, c in readers[group] if key in own[c]]

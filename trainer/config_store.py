@@ -1,7 +1,8 @@
 """What Hydra composes from code rather than YAML, and its errors as one line. `base_config` (first in
 configs/config.yaml's defaults) holds every key of every group at its dataclass default, so a YAML file
-holds only what differs, any key is overridden without `+`, and a misspelt key fails at composition. A
-variant registered in code without a configs/norm/<name>.yaml is still a `norm=<name>` option."""
+holds only what differs, any key is overridden without `+`, and a misspelt key fails at composition.
+The `norm` group has one option per variant, made from its Options (model/norm_options.py): the
+variant's own keys at its defaults, closed, so a key another variant reads fails at composition too."""
 from __future__ import annotations
 
 import os
@@ -16,25 +17,33 @@ def group_defaults() -> dict:
     """{group: {key: default}} for every config group train.py reads."""
     from common.config import defaults
     from data.config import DataConfig
-    from model.config import model_group_defaults, norm_group_defaults
+    from model.config import model_group_defaults
 
     from .config import LoggingConfig, TrainConfig
     from .optim import optim_group_defaults
 
-    return {"model": model_group_defaults(), "norm": norm_group_defaults(), "data": defaults(DataConfig),
+    return {"model": model_group_defaults(), "data": defaults(DataConfig),
             "train": defaults(TrainConfig), "optim": optim_group_defaults(), "logging": defaults(LoggingConfig)}
 
 
-def _schema() -> list:
-    """[the groups' defaults, the registered variants]: what composition needs (cached by the CLI)."""
-    from model.variants import VARIANTS
+def norm_nodes() -> dict:
+    """{variant: {key: default}}: each `norm=<variant>` option, the variant's own keys at its defaults."""
+    from common.config import defaults
+    from model.norm_options import NORM_OPTIONS
 
-    return [group_defaults(), list(VARIANTS)]
+    return {name: {**defaults(cls), "name": name} for name, cls in NORM_OPTIONS.items()}
+
+
+def _schema() -> list:
+    """[the groups' defaults, the `norm` options]: what composition needs (cached by the CLI)."""
+    import model.variants  # noqa: F401  (a variant defined in code records its Options when registered)
+
+    return [group_defaults(), norm_nodes()]
 
 
 def register_code_configs(config_dir: Path = CONFIG_DIR, from_cache: bool = False) -> list[str]:
-    """Store the `base_config` schema and a `norm=<name>` option for each variant without a YAML (returns
-    their names); call before Hydra composes. `from_cache` (train.py): without importing torch."""
+    """Store the `base_config` schema and one `norm=<name>` option per variant (returns their names); call
+    before Hydra composes. `from_cache` (train.py): without importing torch."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
@@ -42,15 +51,58 @@ def register_code_configs(config_dir: Path = CONFIG_DIR, from_cache: bool = Fals
     from .run_name import register_resolver
 
     register_resolver()
-    groups, variants = cached("schema", _schema) if from_cache else _schema()
+    groups, norms = cached("schema", _schema) if from_cache else _schema()
     schema = OmegaConf.create(groups)  # closed keys (a typo fails here), untyped values (`check` types them)
     for group in groups:
         OmegaConf.set_struct(schema[group], True)
-    ConfigStore.instance().store(name="base_config", node=schema)
-    stored = [name for name in variants if not (Path(config_dir) / "norm" / f"{name}.yaml").is_file()]
-    for name in stored:
-        ConfigStore.instance().store(group="norm", name=name, node={"name": name})
-    return stored
+    store = ConfigStore.instance()
+    store.store(name="base_config", node=schema)
+    for name, keys in norms.items():
+        node = OmegaConf.create(keys)
+        OmegaConf.set_struct(node, True)  # `norm.clamp` under norm=pre_ln fails at composition
+        store.store(group="norm", name=name, node=node)
+    return list(norms)
+
+
+def compose_config(overrides, config_dir: Path = CONFIG_DIR):
+    """The composed config of `overrides` (as train.py's command line gives them), or the ConfigError of
+    one line that train.py prints for them."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    from common import ConfigError
+
+    register_code_configs(config_dir)
+    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base=None):
+        try:
+            return compose("config", overrides=list(overrides))
+        except HydraException as e:
+            raise ConfigError(composition_error(e, overrides)) from None
+
+
+def composition_error(e: BaseException, overrides, schema=None) -> str:
+    """One line for a composition error of `overrides`. A `norm.*` key the chosen variant does not have
+    names that variant and its keys (the variant is found by composing without the key); Hydra must be
+    initialized. `schema`: `_schema()`'s value where the caller has it."""
+    from common.config import composition_error_line
+
+    groups, norms = schema or _schema()
+    full_key = getattr(e.__cause__, "full_key", None) or ""
+    if full_key.startswith("norm.") and full_key.count(".") == 1:
+        from hydra import compose
+
+        given = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") == full_key]
+        try:
+            name = compose("config", overrides=[o for o in overrides if o not in given]).norm.name
+        except Exception:  # noqa: BLE001  (another error too: say what Hydra said)
+            name = None
+        if name is not None:
+            own = ", ".join(norms[name])
+            if all(full_key[5:] not in keys for keys in norms.values()):
+                return f"unknown key(s) {full_key}: valid keys are {own}"
+            shown = f"{full_key}={given[-1].split('=', 1)[1]}" if given else full_key
+            return f"bad config {shown}: not an option of norm.name={name} (its options: {own})"
+    return composition_error_line(e, groups)
 
 
 def run_hydra(hydra_main) -> None:
@@ -64,11 +116,15 @@ def run_hydra(hydra_main) -> None:
     try:
         hydra_main()
     except (ConfigCompositionException, OverrideParseException) as e:
-        from common.config import composition_error_line
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
 
         from .cli_cache import cached
 
-        print(f"error: {composition_error_line(e, cached('schema', _schema)[0])}", file=sys.stderr)
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+            line = composition_error(e, [a for a in sys.argv[1:] if not a.startswith("-")], cached("schema", _schema))
+        print(f"error: {line}", file=sys.stderr)
         raise SystemExit(2) from None
     except OSError as e:
         frames = [f.filename for f in traceback.extract_tb(e.__traceback__)]
