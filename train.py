@@ -31,13 +31,12 @@ if __name__ == "__main__":
     if any(a in ("-h", "--help") for a in sys.argv[1:]):
         from pathlib import Path
 
-        from trainer.cli_cache import cached
         from trainer.cli_help import config_help
 
-        print(cached("help", lambda: config_help(Path(__file__).resolve().parent / "configs")))
+        print(config_help(Path(__file__).resolve().parent / "configs"))  # the schema is torch-free: no torch
         sys.exit(0)
     sys.argv = hydra_argv_for_rank(sys.argv, env_rank())
     from trainer.config_store import register_code_configs, run_hydra
 
-    register_code_configs(from_cache=True)  # the schema, and variants defined in code only as `norm=<name>` options
+    register_code_configs()  # the schema and the `norm=<name>` options, read without torch
     run_hydra(_hydra_main)   # a bad override is one line, like every other user error

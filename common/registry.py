@@ -19,12 +19,25 @@ from .errors import ConfigError, UserError
 
 
 class Registry(Mapping):
-    def __init__(self, key: str, error: Type[UserError] = ConfigError):
+    """`options`: for a kind whose components carry their config keys (variants, optimizers, schedules),
+    the torch-free registry of those keys' `Options` classes by name. A registered class takes the Options
+    recorded there under its name, or, defined elsewhere (a user's module), records the ones it carries."""
+
+    def __init__(self, key: str, error: Type[UserError] = ConfigError, options: "Registry | None" = None):
         self.key, self.error = key, error   # the config key that picks a name, for error messages
+        self.options = options
         self._items: dict[str, Any] = {}
 
     def register(self, name: str) -> Callable[[Any], Any]:
         def deco(obj):
+            if self.options is not None:
+                own = obj.__dict__.get("Options")
+                if name in self.options:
+                    if own is not None:
+                        raise ValueError(f"{self.key}: {name!r} has its Options recorded already, not on the class")
+                    obj.Options = self.options[name]
+                else:
+                    self.options.add(name, obj.Options)
             self.add(name, obj)
             if isinstance(obj, type):
                 obj.name = name

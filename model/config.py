@@ -4,7 +4,7 @@ defaults and docs are written here once; the `norm` group is the chosen variant'
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, Literal, Mapping, Optional
 
 from common import ConfigError
@@ -56,7 +56,7 @@ class GPTConfig:
     #: std of the token/position embeddings at init; null: the init scheme's
     embed_std: Optional[Annotated[float, Range(0, math.inf, "()", "(the init scheme's)")]] = None
     # --- normalization (Hydra group `norm`): the variant's name and its own options ---
-    norm: Any = field(default_factory=NormOptions)  # a variant name, a mapping of norm.* keys or its Options
+    norm: Any = NormOptions.name  # a variant name, a mapping of norm.* keys or its Options (built from either)
 
     def __post_init__(self) -> None:
         if not (isinstance(self.norm, NormOptions) and type(self.norm) is NORM_OPTIONS[self.norm.name]):

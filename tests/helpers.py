@@ -7,8 +7,7 @@ from pathlib import Path
 
 import torch
 
-from model import GPTConfig, VARIANTS
-from model.norm_options import NORM_OPTIONS
+from model import GPTConfig
 from runtime import checkpoint as ck
 from trainer.config_store import compose_config
 from trainer.loop import train
@@ -21,8 +20,8 @@ def unregister(registry, name: str) -> None:
     """Remove a component a test registered (the registries have no removal: components are defined
     once, at import)."""
     registry._items.pop(name, None)
-    if registry is VARIANTS:  # a variant's keys were recorded beside it
-        NORM_OPTIONS._items.pop(name, None)
+    if registry.options is not None:  # its keys were recorded beside it
+        registry.options._items.pop(name, None)
 
 
 def gpt_config(norm: str = "pre_ln", **kw) -> GPTConfig:

@@ -32,19 +32,18 @@ def config_help(config_dir: Path) -> str:
 
     from .config import LoggingConfig, TrainConfig
     from .config_store import register_code_configs
-    from .optim import OPTIMIZERS, flat_schedule
-    from .schedules import SCHEDULES
+    from .optim_options import OPTIM_OPTIONS, SCHEDULE_OPTIONS, flat_schedule
 
     config_dir = Path(config_dir)
     top = (config_dir / "config.yaml").read_text()
     picked = dict(re.findall(r"^\s*-\s*(\w+):\s*(\w+)", top, flags=re.M))
-    register_code_configs(config_dir, from_cache=True)  # also caches the schema for train.py's next start
+    register_code_configs(config_dir)
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
         cfg = OmegaConf.to_container(compose("config"), resolve=False)
     readers = {"train": [("", TrainConfig)], "logging": [("", LoggingConfig)], "data": [("", DataConfig)],
                "model": [("", ModelGroup), ("", GPTConfig)],  # (component name, its Options)
                "norm": list(NORM_OPTIONS.items()),
-               "optim": [(n, c.Options) for n, c in [*OPTIMIZERS.items(), *SCHEDULES.items()]]}
+               "optim": [*OPTIM_OPTIONS.items(), *SCHEDULE_OPTIONS.items()]}
     own = {cls: defaults(cls) for rs in readers.values() for _, cls in rs}  # each class's keys and defaults, once
     lines = ["usage: python train.py [group=option ...] [key=value ...]",
              "       torchrun --nproc_per_node=N train.py ...    (DDP; see docs/training.md)",

@@ -9,7 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.config import PosInt, Range, bad, build, check
 
-from .optim import GroupConfig, GroupsConfig, OptimConfig, optim_config  # noqa: F401  (re-exported)
+from .optim_options import GroupConfig, GroupsConfig, OptimConfig, optim_config  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:  # parse_run_config imports them when it builds them
     from data.config import DataConfig

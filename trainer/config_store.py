@@ -20,7 +20,7 @@ def group_defaults() -> dict:
     from model.config import model_group_defaults
 
     from .config import LoggingConfig, TrainConfig
-    from .optim import optim_group_defaults
+    from .optim_options import optim_group_defaults
 
     return {"model": model_group_defaults(), "data": defaults(DataConfig),
             "train": defaults(TrainConfig), "optim": optim_group_defaults(), "logging": defaults(LoggingConfig)}
@@ -35,23 +35,20 @@ def norm_nodes() -> dict:
 
 
 def _schema() -> list:
-    """[the groups' defaults, the `norm` options]: what composition needs (cached by the CLI)."""
-    import model.variants  # noqa: F401  (a variant defined in code records its Options when registered)
-
+    """[the groups' defaults, the `norm` options]: what composition needs, read without torch."""
     return [group_defaults(), norm_nodes()]
 
 
-def register_code_configs(config_dir: Path = CONFIG_DIR, from_cache: bool = False) -> list[str]:
+def register_code_configs(config_dir: Path = CONFIG_DIR) -> list[str]:
     """Store the `base_config` schema and one `norm=<name>` option per variant (returns their names); call
-    before Hydra composes. `from_cache` (train.py): without importing torch."""
+    before Hydra composes. Imports no torch: every key and default comes from torch-free Options."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    from .cli_cache import cached
     from .run_name import register_resolver
 
     register_resolver()
-    groups, norms = cached("schema", _schema) if from_cache else _schema()
+    groups, norms = _schema()
     schema = OmegaConf.create(groups)  # closed keys (a typo fails here), untyped values (`check` types them)
     for group in groups:
         OmegaConf.set_struct(schema[group], True)
@@ -80,13 +77,13 @@ def compose_config(overrides, config_dir: Path = CONFIG_DIR):
             raise ConfigError(composition_error(e, overrides)) from None
 
 
-def composition_error(e: BaseException, overrides, schema=None) -> str:
+def composition_error(e: BaseException, overrides) -> str:
     """One line for a composition error of `overrides`. A `norm.*` key the chosen variant does not have
     names that variant and its keys (the variant is found by composing without the key); Hydra must be
-    initialized. `schema`: `_schema()`'s value where the caller has it."""
+    initialized."""
     from common.config import composition_error_line
 
-    groups, norms = schema or _schema()
+    groups, norms = _schema()
     full_key = getattr(e.__cause__, "full_key", None) or ""
     if full_key.startswith("norm.") and full_key.count(".") == 1:
         from hydra import compose
@@ -119,11 +116,9 @@ def run_hydra(hydra_main) -> None:
         from hydra import initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
 
-        from .cli_cache import cached
-
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-            line = composition_error(e, [a for a in sys.argv[1:] if not a.startswith("-")], cached("schema", _schema))
+            line = composition_error(e, [a for a in sys.argv[1:] if not a.startswith("-")])
         print(f"error: {line}", file=sys.stderr)
         raise SystemExit(2) from None
     except OSError as e:

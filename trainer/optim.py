@@ -5,125 +5,24 @@ The model says which group each parameter is in (`GPT.parameter_groups`: matrice
 vectors, scalars); `optim.groups.<group>` gives each group an lr multiplier and a weight decay.
 The LR lives in 0-dim tensors computed on the device from a device-side count of applied updates,
 so a skipped (non-finite) step leaves the schedule where it was without a host sync. A new optimizer
-is a class under `@OPTIMIZERS.register("name")` with its keys as an `Options` dataclass (extending
-OptimConfig, the keys every optimizer reads) and a `build(model, optim_cfg, device)` returning an `Optimizer`.
+is a class under `@OPTIMIZERS.register("name")` with a `build(model, optim_cfg, device)` returning an
+`Optimizer`; its keys are an `Options` dataclass extending OptimConfig (the keys every optimizer reads),
+in optim_options.py beside the others (torch-free), or on the class for one defined in a user's module.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal, Optional
+from typing import Optional
 
 import torch
 
 from common import ConfigError, Registry
-from common.config import (NonNeg, NonNegInt, PosInt, Positive, Range, bad, check, defaults, own_options, set_values,
-                           to_plain, union_keys)
 
-from .schedules import SCHEDULES, Schedule, ScheduleOptions
+from .optim_options import (OPTIM_OPTIONS, GroupConfig, GroupsConfig, MuonSettings, OptimConfig,  # noqa: F401
+                            flat_schedule, optim_config)  # (re-exported: the config is read from here too)
+from .schedules import SCHEDULES, Schedule
 
-OPTIMIZERS = Registry("optim.name")
-
-
-@dataclass(frozen=True)
-class GroupConfig:
-    """One optimizer parameter group: lr = the schedule's lr x lr_mult; weight_decay null = optim.weight_decay."""
-    lr_mult: Positive = 1.0               # lr = the schedule's lr x lr_mult
-    #: null = optim.weight_decay
-    weight_decay: Optional[Annotated[float, Range(0, note="(null: optim.weight_decay)")]] = None
-
-
-@dataclass(frozen=True)
-class GroupsConfig:
-    """The model's parameter groups (GPT.parameter_groups). Defaults = plain AdamW with decay on
-    matrices and embeddings only (nanoGPT's p.dim() >= 2 rule)."""
-    #: attention/MLP weights (Muon's group under optim=muon)
-    matrices: GroupConfig = field(default_factory=GroupConfig)
-    embeddings: GroupConfig = field(default_factory=GroupConfig)  # token/position embeddings, untied head
-    vectors: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))  # norm gains/biases, biases
-    #: learned step sizes (a, b, rho, g)
-    scalars: GroupConfig = field(default_factory=lambda: GroupConfig(weight_decay=0.0))
-
-    @staticmethod
-    def names() -> tuple:
-        return tuple(f.name for f in dataclasses.fields(GroupsConfig))
-
-    def __post_init__(self) -> None:  # each group's errors name its full key (optim.groups.vectors.lr_mult)
-        for name in self.names():
-            check(getattr(self, name), f"optim.groups.{name}")
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    """The `optim.*` keys every optimizer reads. Each optimizer's Options (below) extends it with
-    its own keys; `schedule` is the LR schedule's Options (its name on the command line, `optim.schedule`,
-    its keys beside the others: `optim.decay_frac`; a file may nest them, `schedule: {name: wsd,
-    decay_frac: 0.4}`, so that naming another schedule drops them). `optim_config` builds the pair."""
-    #: the optimizer: adamw | muon (Muon for the matrices group, AdamW for the rest)
-    name: str = "adamw"
-    lr: Positive = 1e-3                   # peak learning rate of the schedule (finite: inf trains to NaN weights)
-    min_lr: NonNeg = 1e-4                 # floor: cosine decays to it, wsd's final decay ends at it
-    weight_decay: NonNeg = 0.1            # decoupled weight decay (groups with weight_decay null)
-    #: max global grad norm; 0 = no clipping (the norm is still logged)
-    grad_clip: Annotated[float, Range(0, note="(0 = no clipping)")] = 1.0
-    #: the LR schedule (trainer/schedules.py): cosine | wsd | constant
-    schedule: Any = field(default_factory=lambda: SCHEDULES[ScheduleOptions.name].Options())
-    warmup_steps: NonNegInt = 50          # linear warmup (all schedules)
-    groups: GroupsConfig = field(default_factory=GroupsConfig)  # per parameter group: lr = schedule x lr_mult
-
-    def __post_init__(self) -> None:
-        check(self, "optim")
-        if self.min_lr > self.lr:
-            bad("optim.min_lr", self.min_lr, f"must be in [0, optim.lr={self.lr}]")
-
-
-def flat_schedule(node: Mapping) -> dict:
-    """The `optim` group as the command line spells it: a file's nested `schedule: {name: wsd, decay_frac:
-    0.4}` (or asdict's) as `schedule: wsd` with its keys beside the others, where `optim.<key>` set wins."""
-    sched = node.get("schedule")
-    if not isinstance(sched, Mapping):
-        return dict(node)
-    nested = {k: v for k, v in sched.items() if k != "name" and node.get(k) is None}
-    return {**node, **nested, "schedule": sched.get("name", ScheduleOptions.name)}
-
-
-def optim_config(node: Any = None) -> OptimConfig:
-    """The `optim` group as the chosen optimizer's Options, holding the chosen schedule's. A null value is
-    the component's default; a key that only another optimizer or schedule reads is one line naming the
-    chosen one and its keys (`optim.decay_frac=null` drops a file's top-level value)."""
-    plain, shared = flat_schedule(to_plain(node or {})), {f.name for f in dataclasses.fields(OptimConfig)}
-    given = {**set_values({k: v for k, v in plain.items() if k not in shared}),
-             **{k: v for k, v in plain.items() if k in shared and v is not None}}
-    name, sched = given.pop("name", OptimConfig.name), given.pop("schedule", ScheduleOptions.name)
-    schedules = union_keys(s.Options for s in SCHEDULES.values())
-    mine = {k: given.pop(k) for k in list(given) if k in schedules}
-    hint = "; if a config file set it, {key}=null drops it"
-    schedule = own_options(SCHEDULES[sched].Options, {"name": sched, **mine}, "optim", f"optim.schedule={sched}",
-                           schedules, hide=("name",), hint=hint)
-    return own_options(OPTIMIZERS[name].Options, {"name": name, **given, "schedule": schedule}, "optim",
-                       f"optim.name={name}", optim_group_keys(), hint=hint)
-
-
-def optim_group_keys() -> dict:
-    """{key: the class declaring it first} over every optimizer and schedule: the `optim` schema."""
-    out = union_keys(o.Options for o in OPTIMIZERS.values())
-    for k, cls in union_keys(s.Options for s in SCHEDULES.values()).items():
-        out.setdefault(k, cls)  # `name` is the optimizer's; the schedule's is `schedule`
-    return out
-
-
-def optim_group_defaults() -> dict:
-    """The `optim` group's Hydra schema: the shared keys at their defaults, the schedule by name, every
-    optimizer's and schedule's own key null (each component fills in its defaults: `optim_config`; a
-    nested group's keys are each null, so `optim.muon.lr=0.1` needs no `+`)."""
-    def null(v):
-        return {k: null(x) for k, x in v.items()} if isinstance(v, Mapping) else None
-    shared = defaults(OptimConfig)
-    return {k: ScheduleOptions.name if k == "schedule" else shared[k] if k in shared else null(defaults(cls).get(k))
-            for k, cls in optim_group_keys().items()}
-
-
+OPTIMIZERS = Registry("optim.name", options=OPTIM_OPTIONS)  # a class takes its Options from optim_options.py
 
 
 class Optimizer:
@@ -224,45 +123,18 @@ def build_optimizer(model: torch.nn.Module, optim_cfg: OptimConfig, device: torc
 class AdamW:
     """AdamW over every group (fused where torch has the kernel)."""
 
-    @dataclass(frozen=True)
-    class Options(OptimConfig):
-        betas: tuple = (0.9, 0.95)            # AdamW betas
-        eps: Positive = 1e-8                  # AdamW epsilon
-        fused: Literal["auto", True, False] = "auto"  # auto: fused where supported; false: for-loop AdamW (slower)
-
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            if len(self.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in self.betas):
-                bad("optim.betas", list(self.betas), "must be two numbers in [0, 1)")
-
     @staticmethod
-    def build(model: torch.nn.Module, optim_cfg: Options, device: torch.device) -> Optimizer:
+    def build(model: torch.nn.Module, optim_cfg: OptimConfig, device: torch.device) -> Optimizer:
         opt, lr, fused = build_adamw(model, model.parameter_groups(), optim_cfg, device)
         return Optimizer(opt, lr, [g["lr"] for g in opt.param_groups], group_settings(optim_cfg), fused)
-
-
-@dataclass(frozen=True)
-class MuonSettings:
-    """optim=muon: torch.optim.Muon's settings for the matrices group (lr x the schedule's shape)."""
-    lr: Positive = 0.05                   # Muon lr; optim.groups.matrices.lr_mult multiplies it
-    momentum: Annotated[float, Range(0, 1, "[)")] = 0.95  # Muon momentum
-    nesterov: bool = True                 # Nesterov momentum
-    ns_steps: PosInt = 5                  # Newton-Schulz iterations
-
-    def __post_init__(self) -> None:
-        check(self, "optim.muon")
 
 
 @OPTIMIZERS.register("muon")
 class Muon:
     """Muon for the matrices group, AdamW (its keys: AdamW's) for the rest: MuonAdamW."""
 
-    @dataclass(frozen=True)
-    class Options(AdamW.Options):
-        muon: MuonSettings = field(default_factory=MuonSettings)  # the matrices group's optimizer
-
     @staticmethod
-    def build(model: torch.nn.Module, optim_cfg: Options, device: torch.device) -> Optimizer:
+    def build(model: torch.nn.Module, optim_cfg: OptimConfig, device: torch.device) -> Optimizer:
         m = MuonAdamW(model, optim_cfg, device)
         return Optimizer(m, m.lr_tensor, m.group_lrs, m.group_settings, fused=False)
 

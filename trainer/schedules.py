@@ -4,20 +4,20 @@ lr(u) for u = the number of applied updates (a skipped step does not advance it)
 starts with the same linear warmup (`optim.warmup_steps`) and then follows its own `main(u)`. The
 same code runs on Python floats (logging, tests) and on float64 device tensors (the hot path, no
 host sync). A new schedule is one class under the decorator; its own keys (`optim.<key>`, e.g. wsd's
-`optim.decay_frac`) are the fields of its `Options`, and another schedule's key is a one-line error.
+`optim.decay_frac`) are the fields of its `Options` (optim_options.py, torch-free; or on the class, for
+one defined in a user's module), and another schedule's key is a one-line error.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Annotated
 
 import torch
 
 from common import Registry
-from common.config import Range, check
 
-SCHEDULES = Registry("optim.schedule")
+from .optim_options import SCHEDULE_OPTIONS, ScheduleOptions
+
+SCHEDULES = Registry("optim.schedule", options=SCHEDULE_OPTIONS)  # a class takes its Options from optim_options.py
 
 
 class _Ops:
@@ -34,15 +34,6 @@ class _Ops:
 
     def where(self, c, a, b):
         return torch.where(c, a, b) if self.is_tensor else (a if c else b)
-
-
-@dataclass(frozen=True)
-class ScheduleOptions:
-    """A schedule's own `optim.*` keys (`optim.schedule` is its name); subclasses add fields."""
-    name: str = "cosine"                  # the schedule (`optim.schedule` on the command line)
-
-    def __post_init__(self) -> None:
-        check(self, "optim")
 
 
 class Schedule:
@@ -74,11 +65,6 @@ class Cosine(Schedule):
 @SCHEDULES.register("wsd")
 class WarmupStableDecay(Schedule):
     """Stable at lr, then linear decay to min_lr over the last `optim.decay_frac` of the steps."""
-
-    @dataclass(frozen=True)
-    class Options(ScheduleOptions):
-        #: the last fraction of train.max_steps decays linearly to min_lr
-        decay_frac: Annotated[float, Range(0, 1, "(]")] = 0.2
 
     def main(self, u, ops):
         start = self.max_steps - max(1, round(self.options.decay_frac * self.max_steps))

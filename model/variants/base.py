@@ -17,22 +17,8 @@ from ..norms import make_input_step, make_norm
 if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
     from ..config import GPTConfig
 
-VARIANTS = Registry("norm.name")   # name -> Variant class; `@register("name")` adds one
-
-
-def register(name: str):
-    """Register a Variant class under `name`, with its `norm.*` keys: the Options recorded for that name in
-    model/norm_options.py, or, for a variant defined elsewhere, the Options class it carries (or inherits)."""
-    def deco(cls):
-        own = cls.__dict__.get("Options")
-        if name in NORM_OPTIONS:
-            if own is not None:
-                raise ValueError(f"norm.name {name!r}: its Options are in model/norm_options.py, not on the class")
-            cls.Options = NORM_OPTIONS[name]
-        else:
-            NORM_OPTIONS.add(name, cls.Options)
-        return VARIANTS.register(name)(cls)
-    return deco
+VARIANTS = Registry("norm.name", options=NORM_OPTIONS)   # name -> Variant class; `@register("name")` adds one
+register = VARIANTS.register  # the class takes the Options recorded under its name in ../norm_options.py
 
 
 def get_variant(name: str) -> Type["Variant"]:
