@@ -72,3 +72,28 @@ def test_gpu_check_exits_nonzero_on_a_failed_or_crashed_check(capsys):
     assert mod.main(["--device", "cpu", "--only", "nope"]) == 2
     if not __import__("torch").cuda.is_available():
         assert mod.main([]) == 2 and "no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("check", ["memory", "families"])
+def test_a_memory_row_frees_its_model_before_the_next_row_measures(monkeypatch, check):
+    """A loss (or logits) kept past its row holds the autograd graph, and through it the weights and grads
+    of that model: the next row's peak then counted them (seen on a GPU). No weight of a row survives it."""
+    import weakref
+
+    from experiments import gpu_checks
+
+    made = []
+
+    def tracked_gpt(cfg):
+        model = gpu_checks.GPT.__wrapped__(cfg)
+        made.append([weakref.ref(p) for p in model.parameters()])
+        return model
+
+    tracked_gpt.__wrapped__ = gpu_checks.GPT
+    monkeypatch.setattr(gpu_checks, "GPT", tracked_gpt)
+    rows = 0
+    for name, status, _, _ in getattr(gpu_checks, f"check_{check}")(gpu_checks.Ctx("cpu"), None):
+        assert status == "PASS", name
+        assert not any(w() is not None for w in made[-1]), f"{name}: its weights outlive the row"
+        rows += 1
+    assert rows == len(made) >= 2
