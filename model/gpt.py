@@ -2,8 +2,8 @@
 
 Architecture axes (GPTConfig: pos_emb, mlp, bias, tie_embeddings, qk_norm, attn_gate; the `arch` presets
 set the first five together) turn it into a LLaMA-, modded-nanogpt- or GPT-NeoX-style block; the default is GPT-2.
-Read top to bottom: KV cache, attention, MLP, a block (two sublayers, each wrapped by the variant's
-rule), and the GPT (embeddings -> input step -> blocks -> output step -> LM head).
+Read top to bottom: a block (two sublayers, each wrapped by the variant's rule) and the GPT (embeddings ->
+input step -> blocks -> output step -> LM head). The sublayers and the KV cache are in model/sublayers.py.
 """
 from __future__ import annotations
 
@@ -16,126 +16,12 @@ import torch.nn.functional as F
 
 from .config import GPTConfig
 from .init import initialise
-from .rope import apply_rope, rope_tables
+from .rope import rope_tables
+from .sublayers import KVCache
 from .variants import Variant, get_variant
 
 # Optimizer parameter groups (trainer/optim.py gives each its own lr multiplier and weight decay).
 PARAM_GROUPS = ("matrices", "embeddings", "vectors", "scalars")
-
-
-class KVCache:
-    """Per-layer keys and values for incremental decoding. `pos` = tokens already cached."""
-
-    def __init__(self, n_layer: int, batch_size: int, max_len: int):
-        self.n_layer, self.batch_size, self.max_len = n_layer, batch_size, max_len
-        self.k: List[Optional[torch.Tensor]] = [None] * n_layer
-        self.v: List[Optional[torch.Tensor]] = [None] * n_layer
-        self.pos = 0
-
-    def reset(self) -> None:
-        self.pos = 0
-
-    def update(self, layer: int, k: torch.Tensor, v: torch.Tensor):
-        """Write this step's k, v ([B, H, T, hd]) at pos..pos+T; return all cached k, v so far."""
-        B, H, T, hd = k.shape
-        if B != self.batch_size:
-            raise ValueError(f"KV cache was made for batch size {self.batch_size}, got {B}")
-        if self.pos + T > self.max_len:
-            raise ValueError(f"KV cache full: {self.pos} + {T} tokens exceed max_len={self.max_len}")
-        cached = self.k[layer]
-        if cached is None or (self.pos == 0 and (cached.dtype, cached.device) != (k.dtype, k.device)):
-            # allocated on first use, so the dtype follows autocast and the device follows the model
-            self.k[layer] = k.new_zeros(B, H, self.max_len, hd)
-            self.v[layer] = v.new_zeros(B, H, self.max_len, hd)
-        elif (cached.dtype, cached.device) != (k.dtype, k.device):
-            raise ValueError(f"KV cache holds {cached.dtype} on {cached.device} but got {k.dtype} on {k.device} "
-                             "mid-sequence: keep autocast and device fixed, or reset() the cache")
-        self.k[layer][:, :, self.pos:self.pos + T] = k
-        self.v[layer][:, :, self.pos:self.pos + T] = v
-        return self.k[layer][:, :, :self.pos + T], self.v[layer][:, :, :self.pos + T]
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, cfg: GPTConfig, layer: int, variant: type[Variant]):
-        super().__init__()
-        self.layer, self.n_head, self.n_embd = layer, cfg.n_head, cfg.n_embd
-        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)  # q, k, v stacked (rows)
-        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
-        self.qk_norm, self.eps = cfg.qk_norm, cfg.norm.eps
-        # Gated attention (Qiu et al., arXiv 2505.06708, Eq. 5 at position G1): Y' = Y * sigmoid(x W_g), x the
-        # sublayer's input, one gate per element of each head (W_g: d x d) or per head (W_g: d x n_head).
-        self.gate = None if cfg.attn_gate == "none" else nn.Linear(
-            cfg.n_embd, cfg.n_embd if cfg.attn_gate == "elementwise" else cfg.n_head, bias=cfg.bias)
-        self.qkv_step = variant.qkv_step(cfg)       # the variant's own treatment of q, k, v (HybridNorm)
-        self.qk_step = variant.attention_step(cfg)  # the variant's own treatment of q, k (nGPT)
-        self.scale = getattr(self.qk_step, "softmax_scale", None)  # None: SDPA's 1/sqrt(hd)
-        self.dropout = cfg.dropout
-        self.resid_dropout = nn.Dropout(cfg.dropout)
-        self.track, self.last_gate_mean = False, None   # the gate's mean, at the monitor's stats steps
-
-    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, rope=None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        if self.qkv_step is not None:
-            q, k, v = self.qkv_step(q, k, v)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if self.qk_norm:  # modded-nanogpt: RMSNorm without gain, per head, before the rotation
-            q, k = F.rms_norm(q, (q.size(-1),), eps=self.eps), F.rms_norm(k, (k.size(-1),), eps=self.eps)
-        if rope is not None:  # cos/sin of this call's positions (offset by the cache length)
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        if self.qk_step is not None:
-            q, k = self.qk_step(q, k)
-        drop = self.dropout if self.training else 0.0
-        if cache is None or cache.pos == 0:
-            if cache is not None:
-                cache.update(self.layer, k, v)
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=drop, is_causal=True, scale=self.scale)
-        else:
-            pos = cache.pos
-            k, v = cache.update(self.layer, k, v)  # cached keys are stored already rotated
-            mask = None
-            if T > 1:  # new queries see the whole cache and the causal part of themselves
-                mask = (
-                    torch.arange(pos + T, device=x.device)[None, :] <= (pos + torch.arange(T, device=x.device))[:, None]
-                )
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=drop, scale=self.scale)
-        if self.gate is not None:  # (B, T, n_head, hd or 1) -> each head's output times its gates
-            g = torch.sigmoid(self.gate(x))
-            if self.track:  # the monitor's forward at stats steps only: no extra op in training
-                self.last_gate_mean = g.detach().float().mean()
-            y = y * g.view(B, T, self.n_head, -1).transpose(1, 2)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
-
-
-class MLP(nn.Module):
-    """`model.mlp`: gelu (GPT-2), relu2 (ReLU squared, modded-nanogpt) or swiglu (LLaMA:
-    c_proj(c_fc(x) * silu(c_gate(x)))). Hidden width: GPTConfig.hidden_size."""
-
-    def __init__(self, cfg: GPTConfig, variant: type[Variant]):
-        super().__init__()
-        hidden = cfg.hidden_size
-        self.kind = cfg.mlp
-        self.c_fc = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias)
-        if self.kind == "swiglu":
-            self.c_gate = nn.Linear(cfg.n_embd, hidden, bias=cfg.bias)
-        self.c_proj = nn.Linear(hidden, cfg.n_embd, bias=cfg.bias)
-        self.dropout = nn.Dropout(cfg.dropout)
-        self.act_step = variant.mlp_step(cfg, hidden)  # the variant's scalers of the pre-activations (nGPT)
-
-    def forward(self, x):
-        s = self.act_step
-        g = self.c_gate(x) if self.kind == "swiglu" else self.c_fc(x)  # the activation's input
-        if s is not None:
-            g = s.gate(g)
-        if self.kind == "swiglu":
-            u = self.c_fc(x)
-            a = (u if s is None else s.up(u)) * F.silu(g)
-        elif self.kind == "relu2":
-            a = F.relu(g).square()
-        else:
-            a = F.gelu(g)
-        return self.dropout(self.c_proj(a))
 
 
 class Block(nn.Module):
@@ -143,8 +29,8 @@ class Block(nn.Module):
 
     def __init__(self, cfg: GPTConfig, layer: int, variant: type[Variant]):
         super().__init__()
-        self.attn = CausalSelfAttention(cfg, layer, variant)
-        self.mlp = MLP(cfg, variant)
+        self.attn = variant.Attention(cfg, layer)  # GPT-2's, or the variant's subclass
+        self.mlp = variant.MLP(cfg)
         self.attn_rule = variant(cfg, 2 * layer)
         self.mlp_rule = variant(cfg, 2 * layer + 1)
 
@@ -188,8 +74,7 @@ class GPT(nn.Module):
         self.input_step = variant.input_step(config)        # 1. input step
         self.blocks = nn.ModuleList(Block(config, i, variant) for i in range(config.n_layer))  # 2. rules
         self.output_step = variant.output_step(config)      # 3. output step
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
-        self.logit_step = variant.logit_step(config)        # the variant's logit scaling (nGPT), or None
+        self.lm_head = variant.Head(config)
         if config.tie_embeddings:
             self.wte.weight = self.lm_head.weight           # weight tying, as GPT-2
 
@@ -219,8 +104,6 @@ class GPT(nn.Module):
         if last_only:
             h = h[:, -1:, :]
         logits = self.lm_head(h)
-        if self.logit_step is not None:
-            logits = self.logit_step(logits)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)

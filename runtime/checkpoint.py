@@ -157,13 +157,21 @@ def load_checkpoint(path: Union[str, Path], verify: bool = True) -> dict:
     return ckpt
 
 
+# Keys renamed since checkpoints were first written: old prefix -> new (nGPT's logit scale moved into its head)
+RENAMED = {"logit_step.": "lm_head."}
+
+
 def strip_prefixes(state_dict: dict) -> dict:
-    """Remove torch.compile / DDP wrappers' key prefixes (in case a foreign state dict has them)."""
+    """Remove torch.compile / DDP wrappers' key prefixes (in case a foreign state dict has them), and give
+    keys of older checkpoints their current names (RENAMED)."""
     out = {}
     for k, v in state_dict.items():
         for pre in ("_orig_mod.", "module."):
             while k.startswith(pre):
                 k = k[len(pre):]
+        for old, new in RENAMED.items():
+            if k.startswith(old):
+                k = new + k[len(old):]
         out[k] = v
     return out
 

@@ -38,7 +38,7 @@ def test_rule_and_initial_scalers():
     assert attn.scale == math.sqrt(D // 2)                             # softmax scale sqrt(d_k)
     assert torch.allclose(attn.qk_step.s_qk.value(), torch.ones(D))    # s_qk = 1, stored at 1/sqrt(d)
     assert torch.allclose(attn.qk_step.s_qk.s, torch.full((D,), D ** -0.5))
-    assert torch.allclose(model.logit_step.s_z.value(), torch.ones(V))
+    assert torch.allclose(model.lm_head.s_z.value(), torch.ones(V))
     assert isinstance(model.output_step, torch.nn.Identity)            # no final norm
     assert_unit(model)                                                 # weights start on the sphere
 
@@ -107,3 +107,19 @@ def test_loop_calls_the_hook_after_applied_steps_only(tmp_path):
         assert _Recorder.calls == [True, True, False, True, True]
     finally:
         unregister(VARIANTS, "recorder")
+
+
+def test_a_checkpoint_from_before_the_head_held_the_logit_scale_still_loads(tmp_path):
+    """nGPT's logit scale was the GPT's `logit_step` module (key logit_step.s_z.s); it is now its head's
+    (lm_head.s_z.s). A checkpoint with the old key loads, with the value it saved."""
+    model = tiny()
+    with torch.no_grad():
+        model.lm_head.s_z.s.mul_(3.0)
+    old = {("logit_step." + k[len("lm_head."):] if k.startswith("lm_head.s_z") else k): v
+           for k, v in model.state_dict().items()}
+    assert "logit_step.s_z.s" in old and "lm_head.s_z.s" not in old
+    fresh = tiny()
+    ck.load_weights(fresh, old, tmp_path / "old.pt", "this model")
+    assert torch.equal(fresh.lm_head.s_z.s, model.lm_head.s_z.s)
+    x = torch.randint(0, V, (2, 8))
+    assert torch.equal(fresh(x)[0], model(x)[0])

@@ -4,7 +4,7 @@ step, sublayer rule, output step, and the hooks). Each variant's `norm.*` keys a
 streams.py."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional, Type
+from typing import TYPE_CHECKING, Callable, Dict, Type
 
 import torch
 import torch.nn as nn
@@ -13,6 +13,7 @@ from common import Registry
 
 from ..norm_options import NORM_OPTIONS, NormOptions
 from ..norms import make_input_step, make_norm
+from ..sublayers import MLP as MLPSublayer, CausalSelfAttention, LMHead
 
 if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
     from ..config import GPTConfig
@@ -58,40 +59,18 @@ class Variant(nn.Module):
         """Learned step-size scalars, for the training monitor."""
         return {}
 
-    # ---- hooks beyond the residual stream (docs/variants.md, "Variant interface"); None / no-op by default ----
-    # A variant that changes the inside of a sublayer, the logits or the optimizer step says so here,
-    # and the model and trainer call these hooks without knowing which variant they serve.
-
-    optim_overrides: Dict[str, Any] = {}  # OptimConfig fields the variant fixes; weight_decay: every group's
+    # ---- beyond the residual stream (docs/variants.md, "Variant interface") ----
+    # A variant whose novelty is inside a sublayer or the head names its subclass of GPT-2's here
+    # (HybridNorm's attention, nGPT's attention, MLP and head); the model builds whichever is named.
+    Attention: Type[CausalSelfAttention] = CausalSelfAttention
+    MLP: Type[MLPSublayer] = MLPSublayer
+    Head: Type[LMHead] = LMHead
 
     @staticmethod
     def stream_view(h: torch.Tensor) -> torch.Tensor:
         """The stream as the monitor and `return_hidden` see it, [B, T, d]: itself, but for a widened
         stream (hyper-connections: the sum of its copies)."""
         return h
-
-    @classmethod
-    def qkv_step(cls, cfg: "GPTConfig") -> Optional[nn.Module]:
-        """A module applied to q, k, v [B, T, d] right after their projection, `(q, k, v) -> (q, k, v)`,
-        before the heads are split and RoPE turns them (HybridNorm's QKV-Norm). One per attention sublayer."""
-        return None
-
-    @classmethod
-    def attention_step(cls, cfg: "GPTConfig") -> Optional[nn.Module]:
-        """A module applied to q, k [B, H, T, hd] after RoPE, `(q, k) -> (q, k)`; its `softmax_scale`
-        replaces SDPA's 1/sqrt(hd). One per attention sublayer."""
-        return None
-
-    @classmethod
-    def mlp_step(cls, cfg: "GPTConfig", hidden: int) -> Optional[nn.Module]:
-        """A module with `up(u)` (SwiGLU's linear branch) and `gate(v)` (the activation's input),
-        applied to the MLP's hidden pre-activations. One per MLP sublayer."""
-        return None
-
-    @classmethod
-    def logit_step(cls, cfg: "GPTConfig") -> Optional[nn.Module]:
-        """A module applied to the LM head's logits."""
-        return None
 
     @classmethod
     def after_step(cls, model: nn.Module, applied: torch.Tensor) -> None:

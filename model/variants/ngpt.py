@@ -7,12 +7,11 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn as nn
 
-
+from ..sublayers import MLP, CausalSelfAttention, LMHead
+from .base import Variant, register
 
 if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
     from ..config import GPTConfig
-
-from .base import Variant, register
 
 
 class _ScaledVector(nn.Module):
@@ -67,14 +66,40 @@ class _NGPTMLP(nn.Module):
         return v * (self.s_v.value() * self.sqrt_d).to(v.dtype)
 
 
-class _NGPTLogits(nn.Module):
-    """logits * s_z (init 1, scale 1/sqrt(d)), per vocabulary entry."""
+class NGPTAttention(CausalSelfAttention):
+    """GPT-2's attention with nGPT's q, k: unit per head times s_qk, softmax scale sqrt(d_k)."""
+
+    def __init__(self, cfg: "GPTConfig", layer: int):
+        super().__init__(cfg, layer)
+        self.qk_step = _NGPTQK(cfg)
+        self.scale = self.qk_step.softmax_scale
+
+    def heads(self, q, k, v, rope=None):
+        q, k, v = super().heads(q, k, v, rope)
+        return (*self.qk_step(q, k), v)
+
+
+class NGPTMLP(MLP):
+    """GPT-2's MLP with nGPT's scalers of the pre-activations."""
 
     def __init__(self, cfg: "GPTConfig"):
-        super().__init__()
+        super().__init__(cfg)
+        self.act_step = _NGPTMLP(cfg, cfg.hidden_size)
+
+    def pre_activations(self, x):
+        u, g = super().pre_activations(x)
+        return (None if u is None else self.act_step.up(u)), self.act_step.gate(g)
+
+
+class NGPTHead(LMHead):
+    """The LM head's logits times s_z (init 1, scale 1/sqrt(d)), per vocabulary entry."""
+
+    def __init__(self, cfg: "GPTConfig"):
+        super().__init__(cfg)
         self.s_z = _ScaledVector(cfg.vocab_size, 1.0, cfg.n_embd ** -0.5)
 
-    def forward(self, logits):
+    def forward(self, h):
+        logits = super().forward(h)
         return logits * self.s_z.value().to(logits.dtype)
 
 
@@ -87,6 +112,8 @@ class NGPT(Variant):
     every matrix renormalized along the embedding dimension after each applied optimizer step;
     no weight decay, no warmup."""
 
+    Attention, MLP, Head = NGPTAttention, NGPTMLP, NGPTHead
+    # OptimConfig fields nGPT fixes (trainer/optim.py: for_variant); a weight_decay sets every group's
     optim_overrides = {"weight_decay": 0.0, "warmup_steps": 0}
 
     def __init__(self, cfg, j):
@@ -100,18 +127,6 @@ class NGPT(Variant):
 
     def step_sizes(self):
         return {"alpha_mean": self.alpha.value().detach().abs().mean()}
-
-    @classmethod
-    def attention_step(cls, cfg):
-        return _NGPTQK(cfg)
-
-    @classmethod
-    def mlp_step(cls, cfg, hidden):
-        return _NGPTMLP(cfg, hidden)
-
-    @classmethod
-    def logit_step(cls, cfg):
-        return _NGPTLogits(cfg)
 
     @staticmethod
     def unit_matrices(model):

@@ -8,6 +8,7 @@ import torch.nn as nn
 
 from ..norms import make_norm
 from ..sphere import _acc, _dot
+from ..sublayers import CausalSelfAttention
 
 from .base import Variant, register
 from .classic import PreLN
@@ -49,6 +50,17 @@ class _QKVNorm(nn.Module):
         return self.q(q), self.k(k), self.v(v)
 
 
+class QKVNormAttention(CausalSelfAttention):
+    """GPT-2's attention with q, k, v normalised right after their projection, before the heads are split."""
+
+    def __init__(self, cfg, layer: int):
+        super().__init__(cfg, layer)
+        self.qkv_step = _QKVNorm(cfg)
+
+    def project(self, x):
+        return self.qkv_step(*super().project(x))
+
+
 @register("hybridnorm")
 class HybridNorm(Variant):
     """HybridNorm (Zhuo et al., arXiv 2503.04598, Sec. 3): h = e;  attention: h <- h + Attn_QKV(h), whose
@@ -56,6 +68,8 @@ class HybridNorm(Variant):
     itself;  MLP: n = Norm(h), h <- n + F(n) (Post-Norm: the residual path starts after the norm);
     output Norm(h) [choice].  norm.star=true is HybridNorm*: the first block is Pre-Norm (attention
     reads Norm(h), QKV-Norm kept; MLP h + F(Norm(h)))."""
+
+    Attention = QKVNormAttention
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
@@ -67,7 +81,3 @@ class HybridNorm(Variant):
             return h + f(h if self.norm is None else self.norm(h))
         n = self.norm(h)
         return h + f(n) if self.pre else n + f(n)
-
-    @classmethod
-    def qkv_step(cls, cfg):
-        return _QKVNorm(cfg)
