@@ -9,9 +9,13 @@
     DECAYS["harmonic"]      # the function; an unknown name raises one line listing the valid ones
 
 Adding a component is defining it under the decorator: nothing else lists the names.
+A registry made with `filled_by="pkg.module"` imports that module the first time it is read, so a
+torch-free config can check a name against components defined in a torch module without importing it
+when the schema alone is needed (`--help`, composition).
 """
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterator, Mapping
 from typing import Any, Callable, Type
 
@@ -23,10 +27,17 @@ class Registry(Mapping):
     the torch-free registry of those keys' `Options` classes by name. A registered class takes the Options
     recorded there under its name, or, defined elsewhere (a user's module), records the ones it carries."""
 
-    def __init__(self, key: str, error: Type[UserError] = ConfigError, options: "Registry | None" = None):
+    def __init__(self, key: str, error: Type[UserError] = ConfigError, options: "Registry | None" = None,
+                 filled_by: str | None = None):
         self.key, self.error = key, error   # the config key that picks a name, for error messages
         self.options = options
         self._items: dict[str, Any] = {}
+        self._filled_by = filled_by         # the module that registers the built-in components
+
+    def _fill(self) -> None:
+        if self._filled_by is not None:
+            module, self._filled_by = self._filled_by, None  # first: that module's decorators read nothing
+            importlib.import_module(module)
 
     def register(self, name: str) -> Callable[[Any], Any]:
         def deco(obj):
@@ -51,17 +62,21 @@ class Registry(Mapping):
         self._items[name] = obj
 
     def __getitem__(self, name: str) -> Any:
+        self._fill()
         if name not in self._items:
             raise self.error(f"unknown {self.key}={name!r}: valid are {', '.join(self._items)}")
         return self._items[name]
 
     def __contains__(self, name: object) -> bool:
+        self._fill()
         return name in self._items
 
     def __iter__(self) -> Iterator[str]:
+        self._fill()
         return iter(self._items)
 
     def __len__(self) -> int:
+        self._fill()
         return len(self._items)
 
     def __repr__(self) -> str:

@@ -7,10 +7,14 @@ import math
 from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, Literal, Mapping, Optional
 
-from common import ConfigError
+from common import ConfigError, Registry
 from common.config import Name, PosInt, Range, bad, build, check, defaults, own_options, to_plain, union_keys
 
 from .norm_options import NORM_OPTIONS, NormOptions
+
+# Weight init schemes (`model.init`), name -> fn(model, cfg): filled by model/init.py, which the first look-up
+# imports (so the schema alone needs no torch)
+INITS = Registry("model.init", filled_by=f"{__package__}.init")
 
 
 def norm_options(node: Any) -> NormOptions:
@@ -64,8 +68,6 @@ class GPTConfig:
         check(self, "model")
         if self.n_embd % self.n_head:
             bad("model.n_embd", self.n_embd, f"must be divisible by model.n_head={self.n_head}")
-        from .init import INITS  # torch: the schema (`--help`, composition) never builds a config
-
         INITS[self.init]  # an unknown scheme: one line listing the valid ones
         if self.pos_emb == "rope" and self.rope_dims < 2:
             bad("model.rope_fraction", self.rope_fraction, f"rotates no pair of the {self.head_dim} head dimensions")

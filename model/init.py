@@ -15,12 +15,10 @@ from typing import TYPE_CHECKING, Callable
 
 import torch.nn as nn
 
-from common import Registry
+from .config import INITS  # name -> fn(model, cfg); filled here, read by the config to check a name
 
 if TYPE_CHECKING:
     from .config import GPTConfig
-
-INITS = Registry("model.init")   # name -> fn(model, cfg)
 
 
 def _is_residual_proj(name: str) -> bool:

@@ -18,6 +18,10 @@ from common import Registry
 from common.config import Finite, NonNeg, PosInt, Positive, Range, bad, check
 
 NORM_OPTIONS = Registry("norm.name")   # variant name -> its Options class, in the variants' order
+# The Norm of every sublayer (`norm.kind`) and the input step (`norm.embed_norm`), name -> class: filled by
+# model/norms.py, which the first look-up imports (so the schema alone needs no torch)
+NORM_KINDS = Registry("norm.kind", filled_by=f"{__package__}.norms")
+INPUT_STEPS = Registry("norm.embed_norm", filled_by=f"{__package__}.norms")
 
 
 def options(*names: str):
@@ -41,8 +45,6 @@ class NormOptions:
     derf_alpha: Positive = 1.0        # norm.kind=derf: Derf's initial alpha (1: its paper's language-model setting)
 
     def __post_init__(self) -> None:
-        from .norms import INPUT_STEPS, NORM_KINDS  # torch: only when a config is built, never for the schema
-
         check(self, "norm")  # every field of the variant's Options, its own included
         NORM_KINDS[self.kind], INPUT_STEPS[self.embed_norm]  # unknown names: one line listing the valid ones
 

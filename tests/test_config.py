@@ -311,3 +311,43 @@ def test_every_train_command_in_the_readme_and_docs_composes_and_validates():
             parse_run_config(composed(*command.split()))
         except Exception as e:  # noqa: BLE001  (any failure names its command)
             pytest.fail(f"{source}: train.py {command}: {type(e).__name__}: {e}")
+
+
+def test_a_registry_filled_by_a_module_imports_it_on_the_first_look_up(tmp_path, monkeypatch):
+    """The config checks names of components defined in torch modules (model.init, norm.kind) through
+    registries that import their filling module on first use, never before: the schema stays torch-free."""
+    import sys
+
+    from common import ConfigError, Registry
+
+    (tmp_path / "fills_kinds.py").write_text(
+        "from test_registry_target import KINDS\n"
+        "@KINDS.register('plain')\n"
+        "def plain(): return 'plain'\n")
+    target = type(sys)("test_registry_target")
+    target.KINDS = Registry("thing.kind", filled_by="fills_kinds")
+    monkeypatch.setitem(sys.modules, "test_registry_target", target)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "fills_kinds" not in sys.modules
+    target.KINDS.register("mine")(lambda: "mine")  # a user's own, added before the built-ins are loaded
+    assert "fills_kinds" not in sys.modules
+    assert target.KINDS["plain"]() == "plain" and "fills_kinds" in sys.modules
+    assert list(target.KINDS) == ["mine", "plain"]
+    with pytest.raises(ConfigError, match=r"unknown thing.kind='nope': valid are mine, plain"):
+        target.KINDS["nope"]
+    monkeypatch.delitem(sys.modules, "fills_kinds")
+
+
+def test_the_model_config_checks_init_and_norm_names_and_imports_torch_only_then():
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom model.config import GPTConfig\nimport model.norm_options\n"
+            "assert 'torch' not in sys.modules\n"
+            "for kw in ({'init': 'bogus'}, {'norm': {'name': 'pre_ln', 'kind': 'bogus'}},\n"
+            "           {'norm': {'name': 'pre_ln', 'embed_norm': 'bogus'}}):\n"
+            "    try:\n        GPTConfig(**kw)\n    except Exception as e:\n        print(e)\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    assert out.splitlines() == ["unknown model.init='bogus': valid are nanogpt, fan_in",
+                                "unknown norm.kind='bogus': valid are layernorm, rmsnorm, derf",
+                                "unknown norm.embed_norm='bogus': valid are none, layer, scalenorm, scaled, unit"]
