@@ -62,6 +62,39 @@ def test_new_variant_option_is_one_field(tmp_path, scaled_pre_ln):
         train(make_cfg(tmp_path / "bad2", "norm=scaled_pre_ln", "norm.scale=x"))
 
 
+def test_a_variant_that_changes_a_sublayer_is_one_subclass_of_it(tmp_path):
+    """A variant whose novelty is inside attention (here: a fixed softmax temperature) subclasses GPT-2's
+    attention and names it; model/gpt.py and the trainer need no edit."""
+    import torch
+
+    from model import GPT, GPTConfig
+    from model.sublayers import CausalSelfAttention
+    from model.variants import PreLN
+
+    class HotAttention(CausalSelfAttention):
+        scale = 0.05  # instead of SDPA's 1/sqrt(head dim)
+
+    @register("hot_pre_ln")
+    class HotPreLN(PreLN):
+        """Pre-LN with HotAttention."""
+        Attention = HotAttention
+
+    try:
+        def logits(norm):
+            torch.manual_seed(0)
+            model = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16, norm=norm))
+            return model, model(torch.arange(8)[None])[0]
+
+        hot, hot_logits = logits("hot_pre_ln")
+        assert isinstance(hot.blocks[0].attn, HotAttention)
+        assert hot_logits.shape == logits("pre_ln")[1].shape and not torch.equal(hot_logits, logits("pre_ln")[1])
+        register_code_configs()
+        assert train(make_cfg(tmp_path / "r", "norm=hot_pre_ln", "train.max_steps=2"))["steps"] == 2
+    finally:
+        unregister(VARIANTS, "hot_pre_ln")
+        ConfigStore.instance().repo.get("norm", {}).pop("hot_pre_ln.yaml", None)
+
+
 def test_new_lr_schedule_is_one_class(tmp_path):
     from trainer.schedules import ScheduleOptions
 
