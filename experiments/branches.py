@@ -91,6 +91,7 @@ def run(out: Path, horizons: list[int], decay_frac: float, overrides: list[str],
         log: Path | None = None, env: dict | None = None) -> dict:
     """Train the trunk and every branch of `out` not yet finished; write and return horizons.json."""
     p = plan(horizons, decay_frac, warmup)
+    out = Path(out).resolve()  # train.py runs in its checkout's root: a relative out_dir would land there
     out.mkdir(parents=True, exist_ok=True)
     if not runlib.is_finished(out / "trunk"):
         train([*overrides, *trunk_args(p, decay_frac, out)], log, env)

@@ -1,6 +1,7 @@
 """WSD cooldown branches (scripts/branches.py): a branch resumed from the trunk's checkpoint at its decay
 start is the direct `wsd` run of its horizon, bitwise; the trunk keeps its branch points."""
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -91,3 +92,21 @@ def test_resume_auto_refuses_a_run_whose_checkpoints_are_gone(tmp_path, pydocs):
     (run / "checkpoints").unlink()
     train(make_cfg(run, "train.max_steps=4", "train.resume=auto", "train.overwrite=true"))
     assert records(run, "summary")                                  # started over, as asked
+
+
+def test_a_relative_out_dir_is_where_the_caller_stands_not_the_checkout(tmp_path, monkeypatch):
+    """train.py runs with the checkout's root as its cwd: the trunk and branches of a relative `out` must
+    still be written under the caller's directory, where the caller reads them back."""
+    from experiments import branches as br
+
+    seen = []
+
+    def fake_train(args, log, env=None):
+        seen.append(next(a for a in args if a.startswith("out_dir=")))
+        raise RuntimeError("stop here")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(br, "train", fake_train)
+    with pytest.raises(RuntimeError, match="stop here"):
+        br.run(Path("rel/hz"), [12, 24], 0.25, [], warmup=2)
+    assert seen == [f"out_dir={tmp_path.resolve() / 'rel' / 'hz' / 'trunk'}"]
