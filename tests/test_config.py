@@ -97,14 +97,24 @@ def test_composition_errors_become_one_line():
     for override, msg in (
         ("norm=nope", "unknown norm=nope: valid are " + ", ".join(sorted(VARIANTS))),  # Hydra sorts them
         ("model.foo=1", "unknown key(s) model.foo: valid keys are " + ", ".join(group_defaults()["model"])),
-        (
-            "optim.groups.gains.lr_mult=2",
-            "unknown key(s) optim.groups.gains: valid keys are matrices, embeddings, vectors, scalars",
-        ),
     ):
         with pytest.raises(ConfigCompositionException) as e:
             composed(override)
         assert composition_error_line(e.value, group_defaults()) == msg
+    adamw = "name, lr, min_lr, weight_decay, grad_clip, schedule, warmup_steps, groups, betas, eps, fused, decay_frac"
+    for overrides, msg in (  # the optim group: one option per optimizer, its own keys only
+        (["optim.groups.gains.lr_mult=2"],
+         "unknown key(s) optim.groups.gains: valid keys are matrices, embeddings, vectors, scalars"),
+        (["optim.muon.lr=0.1"], f"bad config optim.muon.lr=0.1: not an option of optim.name=adamw (its options: "
+                                f"{adamw})"),
+        (["optim=muon", "optim.muon.foo=1"], "unknown key(s) optim.muon.foo: valid keys are lr, momentum, nesterov, "
+                                             "ns_steps"),
+        (["optim.momentum=1"], f"unknown key(s) optim.momentum: valid keys are {adamw}"),
+        (["optim=sgd"], "unknown optim=sgd: valid are adamw, muon"),
+    ):
+        with pytest.raises(ConfigError) as e:
+            compose_config(overrides)
+        assert str(e.value) == msg
 
 
 @pytest.mark.slow

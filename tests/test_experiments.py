@@ -332,7 +332,7 @@ def test_every_experiment_config_composes() -> None:
     from trainer.config import parse_run_config
     from omegaconf import open_dict
 
-    from trainer.config_store import norm_nodes, register_code_configs
+    from trainer.config_store import component_nodes, register_code_configs
 
     register_code_configs()
     paper = yaml.safe_load((SCRIPTS / "paper_results.yaml").read_text())["settings"]
@@ -356,7 +356,7 @@ def test_every_experiment_config_composes() -> None:
             for ovr in points.values():  # each point as sweep.py passes it: `norm=<name>`, then its keys
                 pc = OmegaConf.merge(cfg, {})
                 with open_dict(pc):
-                    pc.norm = OmegaConf.create(norm_nodes()[ovr["norm"]])  # the variant's option, as composed
+                    pc.norm = OmegaConf.create(component_nodes()["norm"][ovr["norm"]])  # the variant's option
                 for k, v in ovr.items():
                     if k != "norm":
                         OmegaConf.update(pc, k, v, force_add=False)  # a key the variant lacks: an error

@@ -146,20 +146,21 @@ def test_new_optimizer_is_one_class(tmp_path):
             return Optimizer(inner, torch.tensor(ocfg.lr), [torch.tensor(ocfg.lr) for _ in groups], settings,
                              fused=False)
     try:
-        r = train(make_cfg(tmp_path / "r", "optim.name=sgd", "optim.momentum=0.9", "optim.lr=0.1",
+        r = train(make_cfg(tmp_path / "r", "optim=sgd", "optim.momentum=0.9", "optim.lr=0.1",
                            "train.max_steps=3"))
         assert r["steps"] == 3
         lrs = [rec["lr"] for rec in records(tmp_path / "r", "train")]
         assert lrs[0] < lrs[1] and all(x > 0 for x in lrs)  # the schedule's warmup drives it like the others
         with pytest.raises(ConfigError, match=r"^bad config optim.momentum=0.9: not an option of optim.name=adamw"):
-            train(make_cfg(tmp_path / "bad", "optim.momentum=0.9"))
-        with pytest.raises(ConfigError, match=r"^bad config optim.betas=\[0.9, 0.99\]: not an option of "
+            train(make_cfg(tmp_path / "bad", "optim.momentum=0.9"))  # at composition: adamw's node lacks it
+        with pytest.raises(ConfigError, match=r"^bad config optim.betas=\[0.9,0.99\]: not an option of "
                                               r"optim.name=sgd"):
-            train(make_cfg(tmp_path / "bad", "optim.name=sgd", "optim.betas=[0.9,0.99]"))
+            train(make_cfg(tmp_path / "bad", "optim=sgd", "optim.betas=[0.9,0.99]"))
     finally:
         unregister(OPTIMIZERS, "sgd")
-    with pytest.raises(ConfigError, match=r"unknown optim.name='sgd': valid are adamw, muon"):
-        train(make_cfg(tmp_path / "bad", "optim.name=sgd"))
+        ConfigStore.instance().repo.get("optim", {}).pop("sgd.yaml", None)  # its code-only `optim` option
+    with pytest.raises(ConfigError, match=r"unknown optim=sgd: valid are adamw, muon"):
+        train(make_cfg(tmp_path / "bad", "optim=sgd"))
 
 
 def test_new_data_source_is_one_function(tmp_path):

@@ -53,7 +53,8 @@ def config_help(config_dir: Path) -> str:
              "",
              "Config groups (default in brackets):"]
     for group in sorted(picked):
-        choices = list(NORM_OPTIONS) if group == "norm" else sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+        choices = ({"norm": list(NORM_OPTIONS), "optim": list(OPTIM_OPTIONS)}.get(group)
+                   or sorted(p.stem for p in (config_dir / group).glob("*.yaml")))
         if choices:
             lines.append(f"  {group + '=':<12} " + ", ".join(f"[{c}]" if c == picked[group] else c for c in choices))
     lines += ["", "Options (key=default  doc), as the default groups compose them:"]

@@ -1,8 +1,9 @@
 """What Hydra composes from code rather than YAML, and its errors as one line. `base_config` (first in
 configs/config.yaml's defaults) holds every key of every group at its dataclass default, so a YAML file
 holds only what differs, any key is overridden without `+`, and a misspelt key fails at composition.
-The `norm` group has one option per variant, made from its Options (model/norm_options.py): the
-variant's own keys at its defaults, closed, so a key another variant reads fails at composition too."""
+The `norm` and `optim` groups have one option per component, made from its Options (model/norm_options.py,
+trainer/optim_options.py): the component's own keys at its defaults, closed, so a key another variant or
+optimizer reads fails at composition too."""
 from __future__ import annotations
 
 import os
@@ -20,45 +21,50 @@ def group_defaults() -> dict:
     from model.config import model_group_defaults
 
     from .config import LoggingConfig, TrainConfig
-    from .optim_options import optim_group_defaults
 
     return {"model": model_group_defaults(), "data": defaults(DataConfig),
-            "train": defaults(TrainConfig), "optim": optim_group_defaults(), "logging": defaults(LoggingConfig)}
+            "train": defaults(TrainConfig), "logging": defaults(LoggingConfig)}
 
 
-def norm_nodes() -> dict:
-    """{variant: {key: default}}: each `norm=<variant>` option, the variant's own keys at its defaults."""
+def component_nodes() -> dict:
+    """{group: {component: {key: default}}}: each `norm=<variant>` and `optim=<optimizer>` option, the
+    component's own keys at its defaults."""
     from common.config import defaults
     from model.norm_options import NORM_OPTIONS
 
-    return {name: {**defaults(cls), "name": name} for name, cls in NORM_OPTIONS.items()}
+    from .optim_options import optim_nodes
+
+    return {"norm": {name: {**defaults(cls), "name": name} for name, cls in NORM_OPTIONS.items()},
+            "optim": optim_nodes()}
 
 
 def _schema() -> list:
-    """[the groups' defaults, the `norm` options]: what composition needs, read without torch."""
-    return [group_defaults(), norm_nodes()]
+    """[the groups' defaults, the components' options]: what composition needs, read without torch."""
+    return [group_defaults(), component_nodes()]
 
 
 def register_code_configs(config_dir: Path = CONFIG_DIR) -> list[str]:
-    """Store the `base_config` schema and one `norm=<name>` option per variant (returns their names); call
-    before Hydra composes. Imports no torch: every key and default comes from torch-free Options."""
+    """Store the `base_config` schema and one `norm=<name>` option per variant and `optim=<name>` per
+    optimizer (returns the variants' names); call before Hydra composes. Imports no torch: every key and
+    default comes from torch-free Options."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
     from .run_name import register_resolver
 
     register_resolver()
-    groups, norms = _schema()
+    groups, components = _schema()
     schema = OmegaConf.create(groups)  # closed keys (a typo fails here), untyped values (`check` types them)
     for group in groups:
         OmegaConf.set_struct(schema[group], True)
     store = ConfigStore.instance()
     store.store(name="base_config", node=schema)
-    for name, keys in norms.items():
-        node = OmegaConf.create(keys)
-        OmegaConf.set_struct(node, True)  # `norm.clamp` under norm=pre_ln fails at composition
-        store.store(group="norm", name=name, node=node)
-    return list(norms)
+    for group, options in components.items():
+        for name, keys in options.items():
+            node = OmegaConf.create(keys)
+            OmegaConf.set_struct(node, True)  # `norm.clamp` under norm=pre_ln fails at composition
+            store.store(group=group, name=name, node=node)
+    return list(components["norm"])
 
 
 def compose_config(overrides, config_dir: Path = CONFIG_DIR):
@@ -78,27 +84,31 @@ def compose_config(overrides, config_dir: Path = CONFIG_DIR):
 
 
 def composition_error(e: BaseException, overrides) -> str:
-    """One line for a composition error of `overrides`. A `norm.*` key the chosen variant does not have
-    names that variant and its keys (the variant is found by composing without the key); Hydra must be
-    initialized."""
+    """One line for a composition error of `overrides`. A `norm.*` or `optim.*` key the chosen component
+    does not have names that component and its keys (it is found by composing without the key); Hydra must
+    be initialized."""
     from common.config import composition_error_line
 
-    groups, norms = _schema()
+    groups, components = _schema()
     full_key = getattr(e.__cause__, "full_key", None) or ""
-    if full_key.startswith("norm.") and full_key.count(".") == 1:
+    group, _, key = full_key.partition(".")
+    if group in components and key:
         from hydra import compose
 
-        given = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") == full_key]
+        top = key.split(".")[0]
+        given = [o for o in overrides if (o.split("=", 1)[0].lstrip("+~") + ".").startswith(full_key + ".")]
         try:
-            name = compose("config", overrides=[o for o in overrides if o not in given]).norm.name
+            name = compose("config", overrides=[o for o in overrides if o not in given])[group].name
         except Exception:  # noqa: BLE001  (another error too: say what Hydra said)
             name = None
         if name is not None:
-            own = ", ".join(norms[name])
-            if all(full_key[5:] not in keys for keys in norms.values()):
+            own = ", ".join(components[group][name])
+            if all(top not in keys for keys in components[group].values()):
                 return f"unknown key(s) {full_key}: valid keys are {own}"
-            shown = f"{full_key}={given[-1].split('=', 1)[1]}" if given else full_key
-            return f"bad config {shown}: not an option of norm.name={name} (its options: {own})"
+            if top not in components[group][name]:
+                shown = given[-1].lstrip("+~") if given else full_key
+                return f"bad config {shown}: not an option of {group}.name={name} (its options: {own})"
+            return composition_error_line(e, {**groups, group: components[group][name]})  # deeper: its node's
     return composition_error_line(e, groups)
 
 

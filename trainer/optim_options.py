@@ -112,6 +112,22 @@ class MuonSettings:
 
 @dataclass(frozen=True)
 class MuonOptions(AdamWOptions):
+    """optim=muon: Muon (torch.optim.Muon, torch >= 2.9) for the matrices group, AdamW for embeddings, head,
+    vectors and scalars, at modded-nanogpt's recipe (docs/variants.md, "Optimizers"): these defaults.
+    Q, K and V are orthogonalized as separate matrices."""
+    lr: Positive = 0.008                  # AdamW groups (modded-nanogpt's head lr); the schedule's peak
+    min_lr: NonNeg = 0.0                  # wsd decays to 0, as the speedrun's cooldown does
+    weight_decay: NonNeg = 0.0            # modded-nanogpt: none
+    #: 0 = no clipping (modded-nanogpt: none; the norm is still logged and checked for NaN)
+    grad_clip: Annotated[float, Range(0, note="(0 = no clipping)")] = 0.0
+    #: constant, then a linear cooldown over the last 40% of the steps; naming another schedule drops it
+    schedule: Any = field(default_factory=lambda: SCHEDULE_OPTIONS["wsd"](name="wsd", decay_frac=0.4))
+    warmup_steps: NonNegInt = 0
+    #: AdamW groups: lr = optim.lr x lr_mult; vectors and scalars at 0.04, modded-nanogpt's scalar lr
+    groups: GroupsConfig = field(default_factory=lambda: GroupsConfig(
+        vectors=GroupConfig(lr_mult=5.0, weight_decay=0.0), scalars=GroupConfig(lr_mult=5.0, weight_decay=0.0)))
+    betas: tuple = (0.8, 0.95)            # modded-nanogpt's Adam betas
+    eps: Positive = 1e-10                 # AdamW epsilon
     muon: MuonSettings = field(default_factory=MuonSettings)  # the matrices group's optimizer
 
 
@@ -136,7 +152,10 @@ def optim_config(node: Any = None) -> OptimConfig:
     """The `optim` group as the chosen optimizer's Options, holding the chosen schedule's. A null value is
     the component's default; a key that only another optimizer or schedule reads is one line naming the
     chosen one and its keys (`optim.decay_frac=null` drops a file's top-level value)."""
-    plain, shared = flat_schedule(to_plain(node or {})), {f.name for f in dataclasses.fields(OptimConfig)}
+    plain, shared = to_plain(node or {}), {f.name for f in dataclasses.fields(OptimConfig)}
+    if plain.get("schedule") is None:  # the optimizer's own schedule (muon's: wsd), its keys where not set
+        plain = {**plain, "schedule": defaults(OPTIM_OPTIONS[plain.get("name") or OptimConfig.name])["schedule"]}
+    plain = flat_schedule(plain)
     given = {**set_values({k: v for k, v in plain.items() if k not in shared}),
              **{k: v for k, v in plain.items() if k in shared and v is not None}}
     name, sched = given.pop("name", OptimConfig.name), given.pop("schedule", ScheduleOptions.name)
@@ -157,12 +176,16 @@ def optim_group_keys() -> dict:
     return out
 
 
-def optim_group_defaults() -> dict:
-    """The `optim` group's Hydra schema: the shared keys at their defaults, the schedule by name, every
-    optimizer's and schedule's own key null (each component fills in its defaults: `optim_config`; a
-    nested group's keys are each null, so `optim.muon.lr=0.1` needs no `+`)."""
-    def null(v):
-        return {k: null(x) for k, x in v.items()} if isinstance(v, Mapping) else None
-    shared = defaults(OptimConfig)
-    return {k: ScheduleOptions.name if k == "schedule" else shared[k] if k in shared else null(defaults(cls).get(k))
-            for k, cls in optim_group_keys().items()}
+def optim_nodes() -> dict:
+    """{optimizer: its `optim=<name>` option}: the optimizer's keys at its defaults (its schedule by name, or
+    nested with the keys it sets, so that naming another schedule drops them), and every schedule's own
+    keys null beside them (`optim.decay_frac=0.3` composes under any schedule; the builder checks it
+    against the one chosen)."""
+    schedule_keys = [k for k in union_keys(SCHEDULE_OPTIONS.values()) if k != "name"]
+    out = {}
+    for name, cls in OPTIM_OPTIONS.items():
+        node = {**defaults(cls), "name": name}
+        if set(node["schedule"]) == {"name"}:
+            node["schedule"] = node["schedule"]["name"]
+        out[name] = {**node, **{k: None for k in schedule_keys if k not in node}}
+    return out
