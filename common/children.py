@@ -62,10 +62,10 @@ def wait(p: subprocess.Popen) -> int:
 
 def run(cmd: list, **kw) -> int:
     """popen + wait: the exit status. Raises Stopped when the launcher was told to stop meanwhile."""
-    rc = wait(popen(cmd, **kw))
+    code = wait(popen(cmd, **kw))
     if _stopped:
         raise Stopped(_stopped[0])
-    return rc
+    return code
 
 
 def stopped() -> int | None:

@@ -31,9 +31,9 @@ log = logging.getLogger("nanonorm.train")
 
 
 class Trainer(TrainerState):
-    def __init__(self, rc: RunConfig, dist: distributed.Runtime, sinks: Optional[list] = None):
-        self.run_cfg, self.dist = rc, dist
-        self.train_cfg, self.optim_cfg, self.log_cfg = rc.train, rc.optim, rc.logging
+    def __init__(self, run_cfg: RunConfig, dist: distributed.Runtime, sinks: Optional[list] = None):
+        self.run_cfg, self.dist = run_cfg, dist
+        self.train_cfg, self.optim_cfg, self.log_cfg = run_cfg.train, run_cfg.optim, run_cfg.logging
         self.extra_sinks = list(sinks or [])
         self.sinks: list[Sink] = []
         self.stop = resume.StopSignal()
@@ -371,8 +371,9 @@ class Trainer(TrainerState):
 
 def train(cfg: DictConfig, sinks: Optional[list] = None) -> dict:
     """Run one training job from a composed Hydra config. Returns a result dict (summary, checkpoint)."""
-    rc = parse_run_config(cfg)  # validate everything before touching devices or data
-    trainer = Trainer(rc, distributed.init_distributed(rc.train.device, precision=rc.train.precision), sinks)
+    run_cfg = parse_run_config(cfg)  # validate everything before touching devices or data
+    trainer = Trainer(run_cfg, distributed.init_distributed(run_cfg.train.device, precision=run_cfg.train.precision),
+                      sinks)
     try:
         trainer.setup()
         return trainer.run()

@@ -186,14 +186,14 @@ def summary_record(step: int, batch_tokens: int, last_val: Optional[float], best
             "norm": norm, "seed": seed, "wall_s": wall_s, "train_s": train_s, "commit": code_commit()}
 
 
-def open_run_sinks(run_dir: Path, rc, step: int, resumed: bool, config_changed: bool,
+def open_run_sinks(run_dir: Path, run_cfg, step: int, resumed: bool, config_changed: bool,
                    wandb_run_id: Optional[str]) -> tuple[list, Optional[str]]:
     """Rank 0 at the start of a run: config.yaml (a changed config on resume keeps the old one beside it
     as config_until_<step>.yaml), metrics.jsonl cut back to `step` on resume, and the sinks: metrics.jsonl,
     wandb unless disabled, the console if `logging.console`. Returns (sinks, wandb run id)."""
     from omegaconf import OmegaConf
 
-    log_cfg, train_cfg, resolved = rc.logging, rc.train, rc.composed
+    log_cfg, train_cfg, resolved = run_cfg.logging, run_cfg.train, run_cfg.composed
     run_dir.mkdir(parents=True, exist_ok=True)
     cfg_path = run_dir / "config.yaml"
     if config_changed and cfg_path.is_file():  # the config the steps so far ran with stays beside the new one
@@ -207,7 +207,7 @@ def open_run_sinks(run_dir: Path, rc, step: int, resumed: bool, config_changed: 
         truncate_jsonl(metrics, step)
     sinks, wandb = [JsonlSink(metrics)], None
     if log_cfg.wandb.mode != "disabled":
-        wandb = WandbSink(log_cfg.wandb, str(rc.run_name), run_dir, resolved, wandb_run_id)
+        wandb = WandbSink(log_cfg.wandb, str(run_cfg.run_name), run_dir, resolved, wandb_run_id)
         wandb_run_id = wandb.run_id
         sinks.append(wandb)
     if log_cfg.console:
