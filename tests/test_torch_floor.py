@@ -35,7 +35,7 @@ SINCE = {
         torch.backends.cudnn.allow_tf32 torch.backends.cudnn.benchmark torch.bfloat16 torch.bool torch.cat
         torch.compile torch.cos torch.cuda.get_device_name torch.cuda.get_rng_state torch.cuda.set_rng_state
         torch.cuda.current_device torch.cuda.device_count torch.cuda.is_available torch.cuda.is_bf16_supported
-        torch.cuda.set_device torch.cuda.synchronize torch.cuda.max_memory_allocated
+        torch.cuda.set_device torch.cuda.synchronize torch.cuda.max_memory_allocated torch.cuda.memory_allocated
         torch.cuda.reset_peak_memory_stats torch.cuda.get_device_properties torch.cuda.empty_cache
         torch.cuda.OutOfMemoryError torch.Tensor.tolist
         torch.device torch.distributed.ReduceOp.MAX torch.distributed.ReduceOp.SUM
