@@ -82,14 +82,13 @@ def test_a_memory_row_frees_its_model_before_the_next_row_measures(monkeypatch, 
 
     from experiments import gpu_checks
 
-    made = []
+    made, real_gpt = [], gpu_checks.GPT
 
     def tracked_gpt(cfg):
-        model = gpu_checks.GPT.__wrapped__(cfg)
+        model = real_gpt(cfg)
         made.append([weakref.ref(p) for p in model.parameters()])
         return model
 
-    tracked_gpt.__wrapped__ = gpu_checks.GPT
     monkeypatch.setattr(gpu_checks, "GPT", tracked_gpt)
     rows = 0
     for name, status, _, _ in getattr(gpu_checks, f"check_{check}")(gpu_checks.Ctx("cpu"), None):
