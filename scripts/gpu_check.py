@@ -19,7 +19,7 @@ Checks (one table row each, PASS / FAIL / SKIP / OOM; --only picks some):
                       Pre-LN's (the sphere variants' extra elementwise work is memory-bound)
   memory/<model>      peak memory of one training step per model preset at train.micro_batch_size
   smoke/<experiment>  50 steps of each paper experiment (its model, arch, precision, micro-batch, compile)
-                      on a small offline sample (pysrc, GPT-2 BPE, data.max_docs): what a sweep would run
+                      on a small offline sample (stdlib sources, GPT-2 BPE, data.max_docs): what a sweep would run
 Exit status: 1 if any row is FAIL, else 0. OOM rows are reported, not failures. The last line counts
 the graphs torch.compile built in this process (the smoke runs compile in their own).
 """
@@ -39,8 +39,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda", help="cuda (default) | cpu (a small dry run of the same code)")
     ap.add_argument("--only", default=None, help=f"comma-separated subset of {','.join(CHECKS)}")
-    ap.add_argument("--variants", default=None, help="compile and neox checks: comma-separated variants "
-                                                     "(default: every variant; neox: the GeoNorm table's)")
+    ap.add_argument("--variants", default=None, help="compile, neox and families checks: comma-separated variants "
+                                                     "(default: every variant; neox: the GeoNorm table's; "
+                                                     "families: those variants' rows, Pre-LN always)")
     ap.add_argument("--experiments", default=None, help="smoke check: comma-separated experiments "
                                                         "(default: every geonorm_* and spheret_* one)")
     ap.add_argument("--data-root", default=os.environ.get("NANONORM_DATA", str(ROOT / "data_cache")),
