@@ -90,6 +90,8 @@ def test_the_report_compares_paired_by_seed_on_the_test_seeds(study_env, tmp_pat
     hr.report(study, runner.args.runs_root, tmp_path / "docs", "horizon")
     text = (tmp_path / "docs" / "horizon" / "tables.md").read_text()
     assert "### a: 4 tokens per parameter" in text and "| gpt2.mhc | 0.003 | 10 |" in text
+    glance = next(x for x in text.splitlines() if x.startswith("| gpt2.mhc | -0.050"))  # the at-a-glance row
+    assert ": ahead (p=" in glance and glance.endswith("| none (- at every horizon) |")
     lines = (tmp_path / "docs" / "horizon" / "results.jsonl").read_text().splitlines()
     assert len(lines) == 2 * len(trained) and all(
         {"seed", "lr", "tokens", "commit"} <= set(json.loads(x)) for x in lines
@@ -138,3 +140,11 @@ def test_after_a_stop_signal_no_queued_trunk_starts(study_env, monkeypatch):
     with pytest.raises(hz.children.Stopped):
         hz.run_part(runner, part)
     assert trained == [] and not list(runner.args.runs_root.glob("**/point.json"))
+
+
+def test_crossings_name_the_horizons_between_which_the_mean_gap_changes_sign():
+    from studies.horizon.report import crossings
+
+    assert crossings({1.0: 0.7, 4.0: -0.02, 16.0: -0.1, 32.0: 0.05}) == "1-4 (+ to -), 16-32 (- to +)"
+    assert crossings({4.0: -0.1, 1.0: -0.2}) == "none (- at every horizon)"
+    assert crossings({}) == "—"

@@ -114,6 +114,7 @@ def part_tables(study, part: dict, rows: list) -> list:
         f"the longest run per trunk); code {', '.join(commits)}.",
         "",
     ]
+    out += glance_table(study, part, res)
     for t, entries in res.items():
         if not entries:
             continue
@@ -137,6 +138,45 @@ def part_tables(study, part: dict, rows: list) -> list:
         out.append("")
     out += scalar_table(study, part, rows, res)
     return out
+
+
+def crossings(gaps: dict) -> str:
+    """Where a cell's mean gap to the reference changes sign between consecutive horizons (of the means:
+    whether a crossing is real is each horizon's verdict, not this)."""
+    ts = sorted(gaps)
+    if not ts:
+        return "—"
+    sign = {t: "+" if gaps[t] > 0 else "-" for t in ts}
+    changes = [f"{a:g}-{b:g} ({sign[a]} to {sign[b]})" for a, b in zip(ts, ts[1:]) if sign[a] != sign[b]]
+    return ", ".join(changes) if changes else f"none ({sign[ts[0]]} at every horizon)"
+
+
+def glance_table(study, part: dict, res: dict) -> list:
+    """One row per cell: its paired gap to the reference at every horizon with the verdict's word, and
+    where the means change sign (the per-horizon tables below hold the numbers behind each entry)."""
+    hs = [float(t) for t in part["horizons"]]
+    cells = [c for c in dict.fromkeys(c for t in hs for c in res.get(t, {})) if c != study.reference_of(c)]
+    if not any(res.get(t, {}).get(c, {}).get("paired") for c in cells for t in hs):
+        return []
+    out = [f"### {part['name']}: at a glance (each cell − the reference of its block, paired by seed on the test "
+           "seeds; the word is the Holm-corrected verdict of that horizon's table)", "",
+           "| cell | " + " | ".join(f"{t:g} tok/param" for t in hs) + " | sign of the mean gap changes |",
+           "|---|" + "---|" * (len(hs) + 1)]
+    for c in cells:
+        gaps, row = {}, []
+        for t in hs:
+            e = res.get(t, {}).get(c, {})
+            pc, v = e.get("paired"), e.get("verdict", "")
+            if not pc or pc.mean is None:
+                row.append("not tested")
+                continue
+            gaps[t] = pc.mean
+            word = v.split(" (")[0].replace(f"{c} ahead", "ahead").replace(f"{study.reference_of(c)} ahead",
+                                                                             "reference ahead")
+            p = v.split("Holm p=")[1].split(";")[0].rstrip(")") if "Holm p=" in v else None
+            row.append(f"{pc.mean:+.3f} {pc.ci(3)}: {word}" + (f" (p={p})" if p and "equivalent" not in word else ""))
+        out.append(f"| {c} | " + " | ".join(row) + f" | {crossings(gaps)} |")
+    return out + [""]
 
 
 def scalar_table(study, part: dict, rows: list, res: dict) -> list:
