@@ -192,8 +192,11 @@ class NGPTOptions(NormOptions):
 @options("pre_derf")
 @dataclass
 class PreDerfOptions(NormOptions):
-    kind: str = "derf"                # layernorm | rmsnorm | derf (every Norm of the variant)
     embed_norm: str = "scaled"        # input step: none | layer | scalenorm | unit | scaled
+
+    def unread(self, given) -> dict:
+        # its Norms are Derf whatever norm.kind says (model/variants/recent.py), so derf_alpha is always read
+        return {k: v for k, v in super().unread(given).items() if k != "derf_alpha"}
 
 
 @options("ortho_pre_ln")

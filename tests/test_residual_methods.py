@@ -83,6 +83,22 @@ def test_derf_alpha_is_an_option_of_the_derf_kind_only():
         gpt_config("pre_derf", derf_alpha=0.0)
 
 
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "speedrun", "neox"])
+def test_pre_derf_keeps_derf_under_every_arch_preset(arch):
+    """llama and speedrun set norm.kind=rmsnorm for the block's Norms; Pre-Derf's Norms stay Derf (a composed
+    `arch=llama norm=pre_derf` once trained Pre-RMSNorm with the scaled input instead), as Pre-DyT's stay DyT."""
+    from model.config import GPTConfig
+    from trainer.config_store import compose_config
+
+    cfg = compose_config([f"arch={arch}", "norm=pre_derf"])
+    model = GPT(GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=V))
+    norms = [type(m).__name__ for n, m in model.named_modules() if n.endswith("rule.norm") or n == "output_step"]
+    assert norms and set(norms) == {"Derf"}, norms
+    assert "scalar/blocks.0.attn_rule.norm.alpha" in model.scalar_values()  # logged, so its movement is seen
+    dyt = GPT(GPTConfig.from_hydra(cfg.model, compose_config([f"arch={arch}", "norm=pre_dyt"]).norm, vocab_size=V))
+    assert {type(m).__name__ for n, m in dyt.named_modules() if n.endswith("rule.norm")} == {"DyT"}
+
+
 def test_derf_is_a_norm_kind_of_every_variant():
     for norm in ("post_ln", "peri_ln", "geonorm"):
         model = one_block(norm, kind="derf")

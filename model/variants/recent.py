@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch.nn as nn
 
 
-from ..norms import make_norm
+from ..norms import Derf, make_norm
 from ..sphere import _acc, _dot
 from ..sublayers import CausalSelfAttention
 
@@ -18,7 +18,17 @@ from .classic import PreLN
 class PreDerf(PreLN):
     """Pre-Derf (Chen et al., arXiv 2512.10938, its nanoGPT recipe): h = s e (s learnable, init sqrt(d));
     h <- h + F(Derf(h));  output Derf(h);  Derf(x) = gamma erf(alpha x + shift) + beta (Eq. 1).
-    Pre-LN with norm.kind=derf and the scaled input step; any variant takes norm.kind=derf."""
+    Its Norm is Derf whatever `norm.kind` says, as Pre-DyT's is DyT: an arch preset's `norm.kind=rmsnorm`
+    (llama, speedrun) swaps the block's LayerNorms, not the method. Derf in any other variant:
+    `norm.kind=derf`."""
+
+    def __init__(self, cfg, j):
+        Variant.__init__(self, cfg, j)
+        self.norm = Derf(cfg.n_embd, alpha_init=cfg.norm.derf_alpha)
+
+    @classmethod
+    def output_step(cls, cfg):
+        return Derf(cfg.n_embd, alpha_init=cfg.norm.derf_alpha) if cfg.norm.final_norm else nn.Identity()
 
 
 @register("ortho_pre_ln")
