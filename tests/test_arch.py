@@ -152,6 +152,21 @@ def test_presets_set_the_documented_axes():
     assert preset("neox").rope_dims == 4  # a quarter of head_dim 16
 
 
+def test_no_preset_overrides_a_variant_s_own_norm_default():
+    """An arch preset's `norm.*` key lands on every variant: where a variant chose its own default for that
+    key (pre_derf once had norm.kind=derf), the preset would silently replace the method. So no variant may
+    default a key a preset sets; such a variant builds its Norm itself (as pre_derf and pre_dyt do)."""
+    import yaml
+    from common.config import defaults
+    from model.norm_options import NORM_OPTIONS, NormOptions
+
+    base = defaults(NormOptions)
+    for arch in PRESETS:
+        for key in (yaml.safe_load((ROOT / "configs" / "arch" / f"{arch}.yaml").read_text()) or {}).get("norm", {}):
+            own = [v for v, cls in NORM_OPTIONS.items() if defaults(cls).get(key, base.get(key)) != base.get(key)]
+            assert not own, f"arch={arch} sets norm.{key}, which {own} default away from the base"
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(pos_emb="alibi"), "model.pos_emb='alibi': valid: learned, rope"),
     (dict(mlp="geglu"), "model.mlp='geglu': valid: gelu, swiglu, relu2"),
