@@ -214,9 +214,10 @@ def figure(study, part: dict, rows: list, path: Path) -> None:
 
 
     res = analyse(study, part, rows)
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
     cells = sorted({c for e in res.values() for c, v in e.items() if v.get("paired")})
-    for c in cells:
+    means = []
+    for i, c in enumerate(cells):
         pts = [
             (t, e[c]["paired"])
             for t, e in res.items()
@@ -224,7 +225,9 @@ def figure(study, part: dict, rows: list, path: Path) -> None:
         ]
         if not pts:
             continue
-        xs = [t for t, _ in pts]
+        means += [p.mean for _, p in pts]
+        # a small multiplicative offset per cell on the log axis, so that overlapping intervals stay apart
+        xs = [t * 10 ** (0.012 * (i - (len(cells) - 1) / 2)) for t, _ in pts]
         ax.errorbar(
             xs,
             [p.mean for _, p in pts],
@@ -237,11 +240,15 @@ def figure(study, part: dict, rows: list, path: Path) -> None:
     for m in (MARGIN, PAPER_MARGIN):
         ax.axhspan(-m, m, color="grey", alpha=0.08)
     ax.set_xscale("log")
+    if means:  # frame the means: a seed-split cell's interval (±1 nat) would flatten every other line
+        lo, hi = min(means + [-0.04]), max(means + [0.04])
+        pad = max(0.1, 0.15 * (hi - lo))
+        ax.set_ylim(lo - pad, hi + pad)
     ax.set_xlabel("tokens per parameter")
     ax.set_ylabel("final val loss − reference (paired by seed)")
-    ax.set_title(f"part {part['name']}: gap against horizon (95% CI; bands ±0.02, ±0.04)", fontsize=9)
+    ax.set_title(f"part {part['name']}: gap against horizon (95% CI, cut at the frame; bands ±0.02, ±0.04)", fontsize=9)
     if cells:
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     with atomic_open(path, "wb") as f:
