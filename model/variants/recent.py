@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch.nn as nn
 
 
-from ..norms import Derf, make_norm
+from ..norm_options import NORM_KINDS
+from ..norms import make_norm
 from ..sphere import _acc, _dot
 from ..sublayers import CausalSelfAttention
 
@@ -24,11 +25,11 @@ class PreDerf(PreLN):
 
     def __init__(self, cfg, j):
         Variant.__init__(self, cfg, j)
-        self.norm = Derf(cfg.n_embd, alpha_init=cfg.norm.derf_alpha)
+        self.norm = NORM_KINDS["derf"](cfg)   # the norm.kind=derf builder, whatever norm.kind says
 
     @classmethod
     def output_step(cls, cfg):
-        return Derf(cfg.n_embd, alpha_init=cfg.norm.derf_alpha) if cfg.norm.final_norm else nn.Identity()
+        return NORM_KINDS["derf"](cfg) if cfg.norm.final_norm else nn.Identity()
 
 
 @register("ortho_pre_ln")
