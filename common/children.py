@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import heapq
+import itertools
 import os
 import signal
 import subprocess
@@ -129,7 +131,9 @@ def visible_gpus(spec: str | None = None) -> list[str]:
 class GpuSlots:
     """Packs concurrent runs onto GPUs: `jobs` slots, each `per_run` GPUs of `gpus`, never one GPU in two
     slots unless `oversubscribe`. Every child gets its slot's CUDA_VISIBLE_DEVICES (else all land on cuda:0).
-    Without GPUs, every slot is CPU-only and the environment is left as it is."""
+    Without GPUs, every slot is CPU-only and the environment is left as it is.
+    `acquire` waits for a free slot; of the callers waiting, the lowest `priority` goes first (then the
+    earliest), so a launcher may queue more runs than slots and still finish its first cell first."""
 
     def __init__(self, gpus: list[str], per_run: int, jobs: int, oversubscribe: bool = False):
         self.groups = [gpus[i:i + per_run] for i in range(0, len(gpus) - per_run + 1, per_run)]
@@ -141,17 +145,32 @@ class GpuSlots:
                              f"run(s) of {per_run} GPU(s) at once: lower --jobs to {len(self.groups)}, name the GPUs "
                              "with --gpus, or pass --oversubscribe to share them")
         self.free = list(range(jobs))
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
+        self._waiting: list = []  # heap of (priority, ticket)
+        self._tickets = itertools.count()
 
-    def acquire(self) -> tuple[int, dict | None]:
-        """(slot, environment for the child, or None to inherit)."""
-        with self._lock:
+    def acquire(self, priority: int = 0) -> tuple[int, dict | None]:
+        """(slot, environment for the child, or None to inherit). Waits for a slot; raises Stopped when the
+        launcher is stopped meanwhile (a queued run never starts after a stop)."""
+        with self._cond:
+            me = (priority, next(self._tickets))
+            heapq.heappush(self._waiting, me)
+            try:
+                while not (self.free and self._waiting[0] == me):
+                    if _stopped:
+                        raise Stopped(_stopped[0])
+                    self._cond.wait(timeout=0.5)  # a timeout, so that a stop is seen without a release
+            finally:
+                self._waiting.remove(me)
+                heapq.heapify(self._waiting)
+                self._cond.notify_all()  # the next in line may now be first
             slot = self.free.pop(0)
         if not self.groups:
             return slot, None
         return slot, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(self.groups[slot % len(self.groups)])}
 
     def release(self, slot: int) -> None:
-        with self._lock:
+        with self._cond:
             self.free.append(slot)
             self.free.sort()
+            self._cond.notify_all()

@@ -3,7 +3,8 @@
 A horizon part trains, per (cell, setting, seed), one constant-lr trunk and a WSD cooldown branch at each
 horizon (experiments/branches.py), so that one trunk gives the final loss at every horizon. Horizons are in
 tokens per parameter of the part's reference cell (the same step counts for every cell of the part, so
-that runs of one seed share their data order). Per cell, in order, two runs at a time:
+that runs of one seed share their data order). Per cell, in order, `--jobs` runs at a time (a slot that one
+cell leaves idle while it waits for its last trunk goes to the next cell's trunks):
   selection  every lr of the grid around the cell's start (`tune.width` on each side) on the study's
              `seeds`; one more ladder point where a horizon's best is at the edge (`tune.edge_rounds`);
   scalars    cells with `scalar_lr_mults`: optim.groups.scalars.lr_mult at each of them, at every best lr;
@@ -151,19 +152,20 @@ def run_part(runner, part: dict) -> None:
     slots = children.GpuSlots(children.visible_gpus(getattr(args, "gpus", None)), 1, args.jobs,
                               getattr(args, "oversubscribe", False))  # one GPU per trunk, never cuda:0 for all
 
-    def trunks(points):
+    def trunks(points, priority):
         done = {k for k, n in _published_counts(collect(root, part, pub)).items() if n == len(steps)}
         todo = [(c, lr, m, s, role) for c, lr, m, s, role in points
                 if (c, lr, m, s) not in done and (not (trunk_dir(root, part, c, lr, m, s) / "horizons.json").is_file()
                                                   or not _complete(trunk_dir(root, part, c, lr, m, s)))]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for f in [pool.submit(_train_trunk, runner, part, steps, decay, warmup, slots, *t) for t in todo]:
+            for f in [pool.submit(_train_trunk, runner, part, steps, decay, warmup, slots, priority, *t)
+                      for t in todo]:
                 f.result()
 
-    for cell in cells:  # cell by cell: a study stopped part-way has whole cells
+    def run_cell(i: int, cell: str) -> None:
         rows = lambda: [r for r in collect(root, part, pub) if r["cell"] == cell]  # noqa: E731
         lrs = study.around(centre.get(cell, study.cells[cell]["start"]))
-        trunks([(cell, lr, 1.0, s, "selection") for lr in lrs for s in sel])
+        trunks([(cell, lr, 1.0, s, "selection") for lr in lrs for s in sel], i)
         for _ in range(study.edge_rounds):
             more, rs = set(), rows()
             tried = sorted({r["lr"] for r in rs if r["mult"] == 1.0})
@@ -175,16 +177,28 @@ def run_part(runner, part: dict) -> None:
                         more.add(nxt)
             if not more:
                 break
-            trunks([(cell, lr, 1.0, s, "selection") for lr in sorted(more) for s in sel])
+            trunks([(cell, lr, 1.0, s, "selection") for lr in sorted(more) for s in sel], i)
         mults = [float(m) for m in study.cells[cell].get("scalar_lr_mults", [])]
         if mults:
             rs = rows()
             best_lrs = {best_setting(rs, cell, float(t), sel)[0] for t in part["horizons"]}
-            trunks([(cell, lr, m, s, "selection") for lr in sorted(best_lrs) for m in mults if m != 1.0 for s in sel])
+            trunks([(cell, lr, m, s, "selection") for lr in sorted(best_lrs) for m in mults if m != 1.0
+                    for s in sel], i)
         rs = rows()
         settings = {best_setting(rs, cell, float(t), sel) for t in part["horizons"]}
-        trunks([(cell, lr, m, s, "test") for lr, m in sorted(settings) for s in test])
+        trunks([(cell, lr, m, s, "test") for lr, m in sorted(settings) for s in test], i)
         print(f"### cell {cell} done", flush=True)
+
+    # Every cell is planned at once, and its trunks wait for a slot with the cell's rank as priority: the
+    # first cell gets every slot it can use, and a slot it leaves idle (its third test seed, a phase waiting
+    # for its last trunk) goes to the next cell's trunks instead of waiting. A stopped study has its first
+    # cells whole, and at most a few trunks of the next.
+    with ThreadPoolExecutor(max_workers=max(1, len(cells))) as pool:
+        futures = [pool.submit(run_cell, i, c) for i, c in enumerate(cells)]
+        errors = [f.exception() for f in futures]
+    stops = [e for e in errors if isinstance(e, children.Stopped)]
+    for e in [e for e in errors if e is not None and not isinstance(e, children.Stopped)] + stops:
+        raise e
 
 
 def _centres(runner, part: dict) -> dict:
@@ -225,24 +239,24 @@ def _complete(d: Path) -> bool:
     return len(res["horizons"]) == len(point["horizons"])
 
 
-def _train_trunk(runner, part, steps, decay, warmup, slots, cell, lr, mult, seed, role) -> None:
+def _train_trunk(runner, part, steps, decay, warmup, slots, priority, cell, lr, mult, seed, role) -> None:
     if children.stopped():  # a queued trunk after Ctrl-C / SIGTERM: start nothing, leave no empty run dir
         raise children.Stopped(children.stopped())
     study, args = runner.study, runner.args
     out = trunk_dir(args.runs_root, part, cell, lr, mult, seed)
-    out.mkdir(parents=True, exist_ok=True)
-    point = {"cell": cell, "lr": lr, "mult": mult, "seed": seed, "role": role, "part": part["name"],
-             "horizons": {f"{t:g}": s for t, s in steps.items()}, "decay_frac": decay,
-             "commit": code_commit(REPO) or "unknown"}
-    if (out / "point.json").is_file():  # a resumed trunk keeps the commit it started with
-        point["commit"] = read_json(out / "point.json").get("commit", point["commit"])
-    atomic_write(out / "point.json", json.dumps(point, indent=1) + "\n")
-    overrides = [f"experiment={args.experiment}", *study.overrides, *cell_overrides(study, part, cell),
-                 f"optim.lr={lr:g}", f"{MULT_KEY}={mult:g}", f"train.seed={seed}", *args.overrides]
-    t0 = time.time()
-    print(f"# {cell} lr={lr:g} mult={mult:g} seed={seed} ({role}) -> {out}", flush=True)
-    slot, env = slots.acquire()
+    slot, env = slots.acquire(priority)  # waits (a stop meanwhile raises Stopped): the run dir only once it runs
     try:
+        out.mkdir(parents=True, exist_ok=True)
+        point = {"cell": cell, "lr": lr, "mult": mult, "seed": seed, "role": role, "part": part["name"],
+                 "horizons": {f"{t:g}": s for t, s in steps.items()}, "decay_frac": decay,
+                 "commit": code_commit(REPO) or "unknown"}
+        if (out / "point.json").is_file():  # a resumed trunk keeps the commit it started with
+            point["commit"] = read_json(out / "point.json").get("commit", point["commit"])
+        atomic_write(out / "point.json", json.dumps(point, indent=1) + "\n")
+        overrides = [f"experiment={args.experiment}", *study.overrides, *cell_overrides(study, part, cell),
+                     f"optim.lr={lr:g}", f"{MULT_KEY}={mult:g}", f"train.seed={seed}", *args.overrides]
+        t0 = time.time()
+        print(f"# {cell} lr={lr:g} mult={mult:g} seed={seed} ({role}) -> {out}", flush=True)
         branches.run(out, list(steps.values()), decay, overrides, warmup, log=out / "train.log", env=env)
     except RuntimeError as e:  # a failed trunk (e.g. diverged past recovery) is recorded, the study goes on
         print(f"! {e}", flush=True)

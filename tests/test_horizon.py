@@ -133,6 +133,49 @@ def test_trunks_run_at_once_are_on_different_gpus(study_env):
         hz.run_part(runner, part)
 
 
+def test_a_slot_the_first_cell_leaves_idle_goes_to_the_next_cell(study_env, monkeypatch):
+    # pre_ln's three test seeds on two slots leave one idle while the third runs: mhc's trunks take it, never
+    # more than --jobs at once, and pre_ln's still come out the same
+    hz, study, part, runner, trained = study_env
+    spans, lock, run = [], threading.Lock(), hz.branches.run
+
+    def timed(out, *a, **kw):
+        t0 = time.monotonic()
+        time.sleep(0.05)
+        run(out, *a, **kw)
+        with lock:
+            spans.append((trained[-1][0], trained[-1][4], t0, time.monotonic()))
+
+    monkeypatch.setattr(hz.branches, "run", timed)
+    hz.run_part(runner, part)
+    events = sorted([(t0, 1) for *_, t0, _ in spans] + [(t1, -1) for *_, t1 in spans])
+    assert max(sum(d for _, d in events[:i + 1]) for i in range(len(events))) <= runner.args.jobs
+    last_pre = max(t1 for c, _, _, t1 in spans if c == "gpt2.pre_ln")
+    assert any(t0 < last_pre for c, _, t0, _ in spans if c == "gpt2.mhc")      # pipelined, not cell after cell
+    tests = {(c, lr, m, s) for c, lr, m, s, role in trained if role == "test"}
+    assert ("gpt2.pre_ln", 1e-2, 1.0, 2) in tests and ("gpt2.mhc", 3e-3, 10.0, 4) in tests
+
+
+def test_waiting_runs_get_a_slot_lowest_priority_first_and_none_after_a_stop(monkeypatch):
+    from common import children
+
+    slots, got = children.GpuSlots([], 1, 1), []
+    held, _ = slots.acquire()
+    waiters = [threading.Thread(target=lambda p=p: got.append((p, slots.acquire(p)[0]))) for p in (2, 1)]
+    for w in waiters:
+        w.start()
+        time.sleep(0.05)                                  # priority 2 queued first, priority 1 after it
+    slots.release(held)
+    time.sleep(0.1)
+    assert got == [(1, 0)]                                # the lower priority first, though it came later
+    slots.release(0)
+    waiters[0].join(timeout=2)
+    assert got == [(1, 0), (2, 0)]
+    monkeypatch.setattr(children, "_stopped", [15])       # a stop: a waiting run raises instead of starting
+    with pytest.raises(children.Stopped):
+        slots.acquire()
+
+
 def test_after_a_stop_signal_no_queued_trunk_starts(study_env, monkeypatch):
     # SIGTERM while trunks run: the trunks still queued neither start nor leave an empty run dir behind
     hz, study, part, runner, trained = study_env
