@@ -172,9 +172,35 @@ def holm(pvalues: Sequence[Optional[float]]) -> list:
     return out
 
 
+class Verdict(str):
+    """A comparison's verdict: the sentence a table prints, and its parts for a table that lays them out
+    itself. `word`: 'ahead', 'equivalent', 'undecided' or 'not tested'; `winner`: the name ahead (or None);
+    `p`: the Holm-adjusted p of the difference test; `p_equiv`: that of the TOST at `margin`."""
+
+    word: str
+    winner: Optional[str]
+    p: Optional[float]
+    p_equiv: Optional[float]
+    margin: float
+
+    def __new__(cls, word: str, winner: Optional[str], p: Optional[float], p_equiv: Optional[float],
+                margin: float) -> "Verdict":
+        if word == "not tested":
+            text = "not tested (fewer than 2 paired seeds)"
+        elif word == "ahead":
+            text = f"{winner} ahead (Holm p={p:.2g})"
+        elif word == "equivalent":
+            text = f"equivalent within ±{margin:g} (Holm TOST p={p_equiv:.2g})"
+        else:
+            text = f"undecided (Holm p={p:.2g}; TOST ±{margin:g} p={p_equiv:.2g})"
+        v = super().__new__(cls, text)
+        v.word, v.winner, v.p, v.p_equiv, v.margin = word, winner, p, p_equiv, margin
+        return v
+
+
 def three_word_verdicts(comparisons: Sequence[Paired], names: Sequence[tuple], margin: float = MARGIN,
                         alpha: float = ALPHA) -> list:
-    """One verdict per comparison of a table, Holm-corrected over the table (the difference tests as one
+    """One Verdict per comparison of a table, Holm-corrected over the table (the difference tests as one
     family, the equivalence tests at `margin` as another): '<a> ahead' where the adjusted paired test
     rejects 0, 'equivalent within ±m' where the adjusted TOST rejects a difference of m or more, else
     'undecided'. `names`: (name of a, name of b) per comparison."""
@@ -183,13 +209,13 @@ def three_word_verdicts(comparisons: Sequence[Paired], names: Sequence[tuple], m
     out = []
     for c, (na, nb), pd, pe in zip(comparisons, names, p_diff, p_eq):
         if pd is None:
-            out.append("not tested (fewer than 2 paired seeds)")
+            out.append(Verdict("not tested", None, None, None, margin))
         elif pd < alpha:
-            out.append(f"{na if c.mean < 0 else nb} ahead (Holm p={pd:.2g})")
+            out.append(Verdict("ahead", na if c.mean < 0 else nb, pd, pe, margin))
         elif pe is not None and pe < alpha:
-            out.append(f"equivalent within ±{margin:g} (Holm TOST p={pe:.2g})")
+            out.append(Verdict("equivalent", None, pd, pe, margin))
         else:
-            out.append(f"undecided (Holm p={pd:.2g}; TOST ±{margin:g} p={pe:.2g})")
+            out.append(Verdict("undecided", None, pd, pe, margin))
     return out
 
 

@@ -50,6 +50,9 @@ def test_three_words_and_only_three():
     assert v[0].startswith("geonorm ahead (Holm p=")
     assert v[1].startswith("equivalent within ±0.02 (Holm TOST p=")
     assert v[2].startswith("undecided (Holm p=")
+    assert (v[0].word, v[0].winner, v[1].word, v[1].winner, v[2].word) == (
+        "ahead", "geonorm", "equivalent", None, "undecided")
+    assert v[0].p < 0.05 <= v[2].p and v[1].p_equiv < 0.05 and f"p={v[0].p:.2g})" in v[0]
     # Holm: the same comparison alone can pass where, in a family of many, it does not
     borderline = paired({0: 2.30, 1: 2.33, 2: 2.31}, {0: 2.36, 1: 2.36, 2: 2.38})
     assert three_word_verdicts([borderline], [("a", "b")])[0].startswith("a ahead")

@@ -171,10 +171,10 @@ def glance_table(study, part: dict, res: dict) -> list:
                 row.append("not tested")
                 continue
             gaps[t] = pc.mean
-            word = v.split(" (")[0].replace(f"{c} ahead", "ahead").replace(f"{study.reference_of(c)} ahead",
-                                                                             "reference ahead")
-            p = v.split("Holm p=")[1].split(";")[0].rstrip(")") if "Holm p=" in v else None
-            row.append(f"{pc.mean:+.3f} {pc.ci(3)}: {word}" + (f" (p={p})" if p and "equivalent" not in word else ""))
+            word = {"ahead": "ahead" if v.winner == c else "reference ahead",
+                    "equivalent": f"equivalent within ±{v.margin:g}"}.get(v.word, v.word)
+            p = v.p_equiv if v.word == "equivalent" else v.p
+            row.append(f"{pc.mean:+.3f} {pc.ci(3)}: {word}" + (f" (p={p:.2g})" if p is not None else ""))
         out.append(f"| {c} | " + " | ".join(row) + f" | {crossings(gaps)} |")
     return out + [""]
 
