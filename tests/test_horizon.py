@@ -99,6 +99,20 @@ def test_the_report_compares_paired_by_seed_on_the_test_seeds(study_env, tmp_pat
     assert (tmp_path / "docs" / "horizon" / "a_gap.png").stat().st_size > 5_000
 
 
+def test_no_gap_figure_before_a_cell_is_tested_against_its_reference(study_env, tmp_path, monkeypatch):
+    from studies.horizon import report as hr
+
+    hz, study, part, runner, trained = study_env
+    part["cells"] = ["gpt2.pre_ln"]                       # the reference alone: nothing to plot
+    hz.run_part(runner, part)
+    monkeypatch.setattr(hr, "corpus_line", lambda exp: "Corpus: synthetic.")
+    stale = runner.args.docs / "horizon" / "a_gap.png"
+    stale.parent.mkdir(parents=True)
+    stale.write_bytes(b"an earlier report's figure")
+    hr.report(study, runner.args.runs_root, runner.args.docs, "horizon")
+    assert (runner.args.docs / "horizon" / "tables.md").is_file() and not stale.exists()
+
+
 def test_a_fresh_checkout_resumes_from_the_published_results(study_env, monkeypatch):
     """Run dirs are not committed; docs/<study>/results.jsonl is. Without the run dirs the finished trunks
     are read from it and not trained again, and the report writes the same results back."""

@@ -206,7 +206,8 @@ def scalar_table(study, part: dict, rows: list, res: dict) -> list:
 
 
 def figure(study, part: dict, rows: list, path: Path) -> None:
-    """The paired gap to the reference against horizon, with its 95% CI, one line per cell."""
+    """The paired gap to the reference against horizon, with its 95% CI, one line per cell (none before a
+    cell has test seeds beside its reference's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,8 +215,11 @@ def figure(study, part: dict, rows: list, path: Path) -> None:
 
 
     res = analyse(study, part, rows)
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
     cells = sorted({c for e in res.values() for c, v in e.items() if v.get("paired")})
+    if not cells:  # no cell tested against its reference yet: no figure, and none left from an earlier report
+        path.unlink(missing_ok=True)
+        return
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
     means = []
     for i, c in enumerate(cells):
         pts = [
@@ -240,6 +244,7 @@ def figure(study, part: dict, rows: list, path: Path) -> None:
     for m in (MARGIN, PAPER_MARGIN):
         ax.axhspan(-m, m, color="grey", alpha=0.08)
     ax.set_xscale("log")
+    ax.set_xticks([float(t) for t in part["horizons"]], [f"{t:g}" for t in part["horizons"]])
     if means:  # frame the means: a seed-split cell's interval (±1 nat) would flatten every other line
         lo, hi = min(means + [-0.04]), max(means + [0.04])
         pad = max(0.1, 0.15 * (hi - lo))
@@ -247,8 +252,7 @@ def figure(study, part: dict, rows: list, path: Path) -> None:
     ax.set_xlabel("tokens per parameter")
     ax.set_ylabel("final val loss − reference (paired by seed)")
     ax.set_title(f"part {part['name']}: gap against horizon (95% CI, cut at the frame; bands ±0.02, ±0.04)", fontsize=9)
-    if cells:
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)
     fig.tight_layout()
     with atomic_open(path, "wb") as f:
