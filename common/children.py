@@ -14,11 +14,13 @@ import ctypes
 import ctypes.util
 import heapq
 import itertools
+import math
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM)
@@ -133,9 +135,11 @@ class GpuSlots:
     slots unless `oversubscribe`. Every child gets its slot's CUDA_VISIBLE_DEVICES (else all land on cuda:0).
     Without GPUs, every slot is CPU-only and the environment is left as it is.
     `acquire` waits for a free slot; of the callers waiting, the lowest `priority` goes first (then the
-    earliest), so a launcher may queue more runs than slots and still finish its first cell first."""
+    earliest), so a launcher may queue more runs than slots and still finish its first cell first. With
+    `hold_s`, a slot freed while a lower priority still runs is kept for it that long: runs started together
+    end together, and the next phase of that priority's work usually follows within seconds."""
 
-    def __init__(self, gpus: list[str], per_run: int, jobs: int, oversubscribe: bool = False):
+    def __init__(self, gpus: list[str], per_run: int, jobs: int, oversubscribe: bool = False, hold_s: float = 0.0):
         self.groups = [gpus[i:i + per_run] for i in range(0, len(gpus) - per_run + 1, per_run)]
         if gpus and not self.groups:
             raise SystemExit(f"--nproc {per_run}: a run needs {per_run} GPUs, {len(gpus)} visible "
@@ -145,9 +149,17 @@ class GpuSlots:
                              f"run(s) of {per_run} GPU(s) at once: lower --jobs to {len(self.groups)}, name the GPUs "
                              "with --gpus, or pass --oversubscribe to share them")
         self.free = list(range(jobs))
+        self.hold_s = hold_s
+        self._freed_at = {s: -math.inf for s in self.free}
+        self._held: dict = {}  # slot -> the priority running on it
         self._cond = threading.Condition()
         self._waiting: list = []  # heap of (priority, ticket)
         self._tickets = itertools.count()
+
+    def _may_take(self, priority: int) -> bool:
+        if not any(p < priority for p in self._held.values()):
+            return True
+        return time.monotonic() - min(self._freed_at[s] for s in self.free) >= self.hold_s
 
     def acquire(self, priority: int = 0) -> tuple[int, dict | None]:
         """(slot, environment for the child, or None to inherit). Waits for a slot; raises Stopped when the
@@ -156,21 +168,25 @@ class GpuSlots:
             me = (priority, next(self._tickets))
             heapq.heappush(self._waiting, me)
             try:
-                while not (self.free and self._waiting[0] == me):
+                while not (self.free and self._waiting[0] == me and self._may_take(priority)):
                     if _stopped:
                         raise Stopped(_stopped[0])
-                    self._cond.wait(timeout=0.5)  # a timeout, so that a stop is seen without a release
+                    self._cond.wait(timeout=0.5)  # a timeout, so that a stop or the end of a hold is seen
             finally:
                 self._waiting.remove(me)
                 heapq.heapify(self._waiting)
                 self._cond.notify_all()  # the next in line may now be first
+            self.free.sort(key=self._freed_at.get)
             slot = self.free.pop(0)
+            self._held[slot] = priority
         if not self.groups:
             return slot, None
         return slot, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(self.groups[slot % len(self.groups)])}
 
     def release(self, slot: int) -> None:
         with self._cond:
+            self._held.pop(slot, None)
+            self._freed_at[slot] = time.monotonic()
             self.free.append(slot)
             self.free.sort()
             self._cond.notify_all()

@@ -33,6 +33,9 @@ from data.files import atomic_write, read_json
 
 REPO = Path(__file__).resolve().parent.parent
 MULT_KEY = "optim.groups.scalars.lr_mult"
+# A slot a cell frees while its other trunk still runs is kept for it this long (trunks started together end
+# within seconds of each other, and the cell's next phase follows) before the next cell may take it.
+HOLD_S = 120.0
 
 
 # --- planning --------------------------------------------------------------------------------------
@@ -149,8 +152,8 @@ def run_part(runner, part: dict) -> None:
     branches.plan(list(steps.values()), decay, warmup)
     sel, test = list(study.seeds), list(part["test_seeds"])
     pub = published(args.docs, study)
-    slots = children.GpuSlots(children.visible_gpus(getattr(args, "gpus", None)), 1, args.jobs,
-                              getattr(args, "oversubscribe", False))  # one GPU per trunk, never cuda:0 for all
+    slots = children.GpuSlots(children.visible_gpus(getattr(args, "gpus", None)), 1, args.jobs,  # one GPU per trunk
+                              getattr(args, "oversubscribe", False), hold_s=HOLD_S)
 
     def trunks(points, priority):
         done = {k for k, n in _published_counts(collect(root, part, pub)).items() if n == len(steps)}

@@ -49,6 +49,7 @@ def study_env(tmp_path, monkeypatch):
 
     monkeypatch.setattr(hz.branches, "run", fake_run)
     monkeypatch.setattr(hz, "reference_setting", lambda *a: (102_400, 1024, 50))
+    monkeypatch.setattr(hz, "HOLD_S", 0.01)
     args = SimpleNamespace(runs_root=tmp_path / "runs", docs=tmp_path / "docs", experiment="horizon", overrides=[],
                            jobs=2)
     runner = SimpleNamespace(study=study, args=args, cells=study.cells)
@@ -185,6 +186,19 @@ def test_waiting_runs_get_a_slot_lowest_priority_first_and_none_after_a_stop(mon
     slots.release(0)
     waiters[0].join(timeout=2)
     assert got == [(1, 0), (2, 0)]
+    # a slot freed while a lower priority still runs is held for it: a higher priority waits out the hold,
+    # the lower one's next run takes it at once
+    held = children.GpuSlots([], 1, 2, hold_s=0.3)
+    a, _ = held.acquire(0)
+    held.acquire(0)
+    held.release(a)
+    t0 = time.monotonic()
+    held.acquire(1)
+    assert time.monotonic() - t0 >= 0.25
+    held.release(a)
+    t0 = time.monotonic()
+    held.acquire(0)
+    assert time.monotonic() - t0 < 0.2
     monkeypatch.setattr(children, "_stopped", [15])       # a stop: a waiting run raises instead of starting
     with pytest.raises(children.Stopped):
         slots.acquire()
