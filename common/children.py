@@ -136,8 +136,9 @@ class GpuSlots:
     Without GPUs, every slot is CPU-only and the environment is left as it is.
     `acquire` waits for a free slot; of the callers waiting, the lowest `priority` goes first (then the
     earliest), so a launcher may queue more runs than slots and still finish its first cell first. With
-    `hold_s`, a slot freed while a lower priority still runs is kept for it that long: runs started together
-    end together, and the next phase of that priority's work usually follows within seconds."""
+    `hold_s`, a slot that a run of priority p frees is kept for p (or lower) that long: a launcher between
+    two phases of p's work queues the next within seconds, and a higher priority would take the slot for a
+    whole run."""
 
     def __init__(self, gpus: list[str], per_run: int, jobs: int, oversubscribe: bool = False, hold_s: float = 0.0):
         self.groups = [gpus[i:i + per_run] for i in range(0, len(gpus) - per_run + 1, per_run)]
@@ -151,15 +152,17 @@ class GpuSlots:
         self.free = list(range(jobs))
         self.hold_s = hold_s
         self._freed_at = {s: -math.inf for s in self.free}
+        self._freed_by = {s: math.inf for s in self.free}  # the priority of the run that last freed the slot
         self._held: dict = {}  # slot -> the priority running on it
         self._cond = threading.Condition()
         self._waiting: list = []  # heap of (priority, ticket)
         self._tickets = itertools.count()
 
-    def _may_take(self, priority: int) -> bool:
-        if not any(p < priority for p in self._held.values()):
-            return True
-        return time.monotonic() - min(self._freed_at[s] for s in self.free) >= self.hold_s
+    def _takeable(self, priority: int) -> list:
+        """The free slots a run of `priority` may take now, freed longest ago first."""
+        now = time.monotonic()
+        return sorted((s for s in self.free if self._freed_by[s] >= priority or now - self._freed_at[s] >= self.hold_s),
+                      key=self._freed_at.get)
 
     def acquire(self, priority: int = 0) -> tuple[int, dict | None]:
         """(slot, environment for the child, or None to inherit). Waits for a slot; raises Stopped when the
@@ -168,7 +171,7 @@ class GpuSlots:
             me = (priority, next(self._tickets))
             heapq.heappush(self._waiting, me)
             try:
-                while not (self.free and self._waiting[0] == me and self._may_take(priority)):
+                while not (self._waiting[0] == me and self._takeable(priority)):
                     if _stopped:
                         raise Stopped(_stopped[0])
                     self._cond.wait(timeout=0.5)  # a timeout, so that a stop or the end of a hold is seen
@@ -176,8 +179,8 @@ class GpuSlots:
                 self._waiting.remove(me)
                 heapq.heapify(self._waiting)
                 self._cond.notify_all()  # the next in line may now be first
-            self.free.sort(key=self._freed_at.get)
-            slot = self.free.pop(0)
+            slot = self._takeable(priority)[0]
+            self.free.remove(slot)
             self._held[slot] = priority
         if not self.groups:
             return slot, None
@@ -185,7 +188,7 @@ class GpuSlots:
 
     def release(self, slot: int) -> None:
         with self._cond:
-            self._held.pop(slot, None)
+            self._freed_by[slot] = self._held.pop(slot, math.inf)
             self._freed_at[slot] = time.monotonic()
             self.free.append(slot)
             self.free.sort()

@@ -33,8 +33,8 @@ from data.files import atomic_write, read_json
 
 REPO = Path(__file__).resolve().parent.parent
 MULT_KEY = "optim.groups.scalars.lr_mult"
-# A slot a cell frees while its other trunk still runs is kept for it this long (trunks started together end
-# within seconds of each other, and the cell's next phase follows) before the next cell may take it.
+# A slot a cell's trunk frees is kept for that cell this long before the next cell may take it: its other trunk
+# of the phase ends within seconds, or its next phase is being planned (a few seconds of reading results).
 HOLD_S = 120.0
 
 

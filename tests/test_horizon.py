@@ -186,16 +186,16 @@ def test_waiting_runs_get_a_slot_lowest_priority_first_and_none_after_a_stop(mon
     slots.release(0)
     waiters[0].join(timeout=2)
     assert got == [(1, 0), (2, 0)]
-    # a slot freed while a lower priority still runs is held for it: a higher priority waits out the hold,
-    # the lower one's next run takes it at once
+    # a slot that priority 0 freed is held for it, even with nothing of priority 0 running: a higher priority
+    # waits out the hold, priority 0's next run (its next phase, planned meanwhile) takes it at once
     held = children.GpuSlots([], 1, 2, hold_s=0.3)
     a, _ = held.acquire(0)
-    held.acquire(0)
+    b, _ = held.acquire(0)
     held.release(a)
+    held.release(b)
     t0 = time.monotonic()
     held.acquire(1)
     assert time.monotonic() - t0 >= 0.25
-    held.release(a)
     t0 = time.monotonic()
     held.acquire(0)
     assert time.monotonic() - t0 < 0.2
