@@ -151,8 +151,10 @@ class GpuSlots:
                              "with --gpus, or pass --oversubscribe to share them")
         self.free = list(range(jobs))
         self.hold_s = hold_s
-        self._freed_at = {s: -math.inf for s in self.free}
-        self._freed_by = {s: math.inf for s in self.free}  # the priority of the run that last freed the slot
+        # the priority of the run that last freed a slot, and when; at the start the slots are held for priority
+        # 0 (the first cell), which may still be planning while later ones already queue
+        self._freed_at = {s: time.monotonic() if hold_s else -math.inf for s in self.free}
+        self._freed_by = {s: 0 if hold_s else math.inf for s in self.free}
         self._held: dict = {}  # slot -> the priority running on it
         self._cond = threading.Condition()
         self._waiting: list = []  # heap of (priority, ticket)

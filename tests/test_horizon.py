@@ -189,6 +189,10 @@ def test_waiting_runs_get_a_slot_lowest_priority_first_and_none_after_a_stop(mon
     # a slot that priority 0 freed is held for it, even with nothing of priority 0 running: a higher priority
     # waits out the hold, priority 0's next run (its next phase, planned meanwhile) takes it at once
     held = children.GpuSlots([], 1, 2, hold_s=0.3)
+    t0 = time.monotonic()
+    held.acquire(1)                                       # at the start, too, the slots wait for priority 0
+    assert time.monotonic() - t0 >= 0.25
+    held = children.GpuSlots([], 1, 2, hold_s=0.3)
     a, _ = held.acquire(0)
     b, _ = held.acquire(0)
     held.release(a)
