@@ -18,6 +18,7 @@ from them without the run dirs.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -104,7 +105,7 @@ def collect(root: Path, part: dict, published: Path | None = None) -> list:
                              "diverged": r["diverged"] or not _finite(r["final_val_loss"]), "train_s": r["train_s"],
                              "trunk": str(p.parent)})
                 if steps == longest and (p.parent / "trunk").is_dir():  # published with the row: run dirs go
-                    rows[-1]["scalars"] = runlib.scalar_movement(runlib.load_run(p.parent / "trunk").stats)
+                    rows[-1]["scalars"] = _scalars(p.parent / "trunk")
     if published is not None and published.is_file():
         here = {(r["cell"], r["lr"], r["mult"], r["seed"]) for r in rows}
         for line in published.read_text().splitlines():
@@ -113,6 +114,17 @@ def collect(root: Path, part: dict, published: Path | None = None) -> list:
             if r.get("part") == part["name"] and key not in here:
                 rows.append({**r, "trunk": f"{published}#{r['cell']}/lr{r['lr']:g}-m{r['mult']:g}/s{r['seed']}"})
     return rows
+
+
+def _scalars(trunk: Path) -> dict:
+    """The learned scalars' movement over a finished trunk (its metrics read once per version of the file:
+    a study plans every phase of every cell from `collect`)."""
+    return _scalars_of(str(trunk), (trunk / "metrics.jsonl").stat().st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4096)
+def _scalars_of(trunk: str, _mtime_ns: int) -> dict:
+    return runlib.scalar_movement(runlib.load_run(Path(trunk)).stats)
 
 
 def published(docs: Path, study) -> Path:
