@@ -166,6 +166,13 @@ class GpuSlots:
         return sorted((s for s in self.free if self._freed_by[s] >= priority or now - self._freed_at[s] >= self.hold_s),
                       key=self._freed_at.get)
 
+    def _until_a_hold_ends(self) -> float:
+        """Seconds to wait before the takeable slots may change with no release: the end of the next hold
+        (nothing notifies then), at most 0.5 s."""
+        now = time.monotonic()
+        ends = [self._freed_at[s] + self.hold_s - now for s in self.free if now - self._freed_at[s] < self.hold_s]
+        return max(0.001, min([0.5] + ends))
+
     def acquire(self, priority: int = 0) -> tuple[int, dict | None]:
         """(slot, environment for the child, or None to inherit). Waits for a slot; raises Stopped when the
         launcher is stopped meanwhile (a queued run never starts after a stop)."""
@@ -176,7 +183,7 @@ class GpuSlots:
                 while not (self._waiting[0] == me and self._takeable(priority)):
                     if _stopped:
                         raise Stopped(_stopped[0])
-                    self._cond.wait(timeout=0.5)  # a timeout, so that a stop or the end of a hold is seen
+                    self._cond.wait(timeout=self._until_a_hold_ends())  # a stop is seen within 0.5 s
             finally:
                 self._waiting.remove(me)
                 heapq.heapify(self._waiting)
