@@ -8,6 +8,7 @@ cell leaves idle while it waits for its last trunk goes to the next cell's trunk
   selection  every lr of the grid around the cell's start (`tune.width` on each side) on the study's
              `seeds`; one more ladder point where a horizon's best is at the edge (`tune.edge_rounds`);
   scalars    cells with `scalar_lr_mults`: optim.groups.scalars.lr_mult at each of them, at every best lr;
+             one more multiplier step up where a horizon's best is at the largest tried (`tune.edge_rounds`);
   test       at each horizon's best setting (lowest mean over the selection seeds), the part's
              `test_seeds`, fresh: the reported numbers are not those the choice was made on.
 A part with `pick` runs those cells of its `of` part, the grid centred on their best lr there.
@@ -193,12 +194,25 @@ def run_part(runner, part: dict) -> None:
             if not more:
                 break
             trunks([(cell, lr, 1.0, s, "selection") for lr in sorted(more) for s in sel], i)
-        mults = [float(m) for m in study.cells[cell].get("scalar_lr_mults", [])]
+        mults = sorted(float(m) for m in study.cells[cell].get("scalar_lr_mults", []))
         if mults:
             rs = rows()
             best_lrs = {best_setting(rs, cell, float(t), sel)[0] for t in part["horizons"]}
             trunks([(cell, lr, m, s, "selection") for lr in sorted(best_lrs) for m in mults if m != 1.0
                     for s in sel], i)
+            # The multiplier is bracketed too: a best at the largest multiplier tried at its lr gets one more
+            # step up (the ladder's last ratio), so a method whose scalars want to move faster is not capped.
+            ratio = mults[-1] / mults[-2] if len(mults) > 1 else 10.0
+            for _ in range(study.edge_rounds):
+                rs = rows()
+                more = set()
+                for t in part["horizons"]:
+                    lr, m = best_setting(rs, cell, float(t), sel)
+                    if m > 1.0 and m == max(r["mult"] for r in rs if r["lr"] == lr):
+                        more.add((lr, m * ratio))
+                if not more:
+                    break
+                trunks([(cell, lr, m, s, "selection") for lr, m in sorted(more) for s in sel], i)
         rs = rows()
         settings = {best_setting(rs, cell, float(t), sel) for t in part["horizons"]}
         trunks([(cell, lr, m, s, "test") for lr, m in sorted(settings) for s in test], i)

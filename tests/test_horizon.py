@@ -64,7 +64,8 @@ def test_selection_brackets_tunes_the_scalar_lr_and_tests_on_fresh_seeds(study_e
     # the grid 1e-3, 3e-3, 1e-2 has its best at the edge: 3e-2 is added, and then the best is inside
     assert {lr for lr, _ in pre} == {1e-3, 3e-3, 1e-2, 3e-2} and {s for _, s in pre} == {0, 1}
     mhc_mults = {(lr, m) for c, lr, m, s, role in trained if c == "gpt2.mhc" and role == "selection" and m != 1}
-    assert mhc_mults == {(3e-3, 10.0)}                       # the scalar axis at mhc's best lr
+    # the scalar axis at mhc's best lr; its best (x 10) is the largest tried, so x 100 brackets it
+    assert mhc_mults == {(3e-3, 10.0), (3e-3, 100.0)}
     tests = {(c, lr, m, s) for c, lr, m, s, role in trained if role == "test"}
     assert tests == {("gpt2.pre_ln", 1e-2, 1.0, s) for s in (2, 3, 4)} | {
         ("gpt2.mhc", 3e-3, 10.0, s) for s in (2, 3, 4)
@@ -72,6 +73,38 @@ def test_selection_brackets_tunes_the_scalar_lr_and_tests_on_fresh_seeds(study_e
     n = len(trained)
     hz.run_part(runner, part)                                 # resumable: nothing runs twice
     assert len(trained) == n
+
+
+def test_a_best_at_the_largest_scalar_lr_mult_gets_more_steps_up_until_bracketed_or_out_of_rounds(study_env,
+                                                                                               monkeypatch):
+    hz, study, part, runner, trained = study_env
+    study.cells["gpt2.mhc"]["scalar_lr_mults"] = [1, 10, 100]
+    # mhc's loss falls with the multiplier without end: the two edge rounds add x 1000 and x 10000, no more;
+    # pre_ln's rises with it
+    monkeypatch.setattr(hz.branches, "run", _with_loss(hz.branches.run, lambda c, lr, m, s, h: fake_loss(
+        c, lr, 1.0, s, h) + (-0.01 if c.endswith("mhc") else 0.01) * math.log10(m)))
+    hz.run_part(runner, part)
+    mults = sorted({m for c, lr, m, s, role in trained if c == "gpt2.mhc" and role == "selection"})
+    assert mults == [1.0, 10.0, 100.0, 1000.0, 10000.0]
+    assert {(lr, m) for c, lr, m, s, role in trained if c == "gpt2.mhc" and role == "test"} == {(3e-3, 10000.0)}
+    # a best at x 1 is not an edge of this axis: no multiplier beyond the ladder
+    trained.clear()
+    study.cells["gpt2.pre_ln"]["scalar_lr_mults"] = [1, 10]
+    runner.args.runs_root, runner.args.docs = (runner.args.runs_root.parent / d for d in ("runs2", "docs2"))
+    hz.run_part(runner, part)
+    assert {m for c, lr, m, s, role in trained if c == "gpt2.pre_ln"} == {1.0, 10.0}
+
+
+def _with_loss(run, loss):
+    """`run` (the fixture's fake trunk) with its final losses replaced by loss(cell, lr, mult, seed, steps)."""
+    def wrapped(out, horizons, *a, **kw):
+        run(out, horizons, *a, **kw)
+        point, f = json.loads((out / "point.json").read_text()), out / "horizons.json"
+        rows = json.loads(f.read_text())
+        for h, r in rows["horizons"].items():
+            r["final_val_loss"] = loss(point["cell"], point["lr"], point["mult"], point["seed"], int(h))
+        f.write_text(json.dumps(rows))
+    return wrapped
 
 
 def test_the_report_compares_paired_by_seed_on_the_test_seeds(study_env, tmp_path, monkeypatch):
