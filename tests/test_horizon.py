@@ -257,3 +257,40 @@ def test_crossings_name_the_horizons_between_which_the_mean_gap_changes_sign():
     assert crossings({1.0: 0.7, 4.0: -0.02, 16.0: -0.1, 32.0: 0.05}) == "1-4 (+ to -), 16-32 (- to +)"
     assert crossings({4.0: -0.1, 1.0: -0.2}) == "none (- at every horizon)"
     assert crossings({}) == "—"
+
+
+def test_a_part_run_on_cells_of_another_reports_whether_each_gap_holds(study_env, monkeypatch):
+    """Part b re-runs picked cells of part a one width up; the report sets each cell's gap in both side by
+    side with the difference of the gaps (Welch: the parts' inits differ, so not paired across them)."""
+    from studies.horizon import report as hr
+
+    hz, study, part, runner, trained = study_env
+    hz.run_part(runner, part)
+    wide = {"name": "b", "kind": "horizon", "sweep": "horizon_b", "of": "a", "pick": ["gpt2.pre_ln", "gpt2.mhc"],
+            "overrides": {"model.n_embd": 128}, "horizons": [4], "test_seeds": [2, 3, 4], "decay_frac": 0.2}
+    study.parts = [part, wide]
+    run = hz.branches.run
+
+    def wider(out, horizons, decay, overrides, *a, **kw):  # mHC's lead doubles one width up, seed noise apart
+        run(out, horizons, decay, overrides, *a, **kw)
+        o = dict(a.split("=", 1) for a in overrides)
+        assert o["model.n_embd"] == "128"
+        rows = json.loads((out / "horizons.json").read_text())
+        if o["norm"] == "mhc":
+            for r in rows["horizons"].values():
+                r["final_val_loss"] += -0.05 + 0.001 * int(o["train.seed"]) ** 2
+        (out / "horizons.json").write_text(json.dumps(rows))
+
+    monkeypatch.setattr(hz.branches, "run", wider)
+    hz.run_part(runner, wide)
+    monkeypatch.setattr(hr, "corpus_line", lambda exp: "Corpus: synthetic.")
+    monkeypatch.setattr(hr, "scalar_table", lambda *a: [])
+    hr.report(study, runner.args.runs_root, runner.args.docs, "horizon")
+    text = (runner.args.docs / "horizon" / "tables.md").read_text()
+    assert "### b against a: does each gap hold? (b is a with model.n_embd=128;" in text
+    row = next(x for x in text.splitlines() if x.startswith("| gpt2.mhc | 4 |"))
+    gap_a, gap_b, diff = row.split(" | ")[2:5]
+    assert gap_a.startswith("-0.050 [-0.050, -0.050]: ahead") and gap_b.startswith("-0.090 [")
+    d = -0.05 + 0.001 * (4 + 9 + 16) / 3
+    assert diff.startswith(f"{d:+.3f} [") and ", p=" in diff
+    assert not any(x.startswith("| gpt2.pre_ln | 4 |") for x in text.splitlines())   # the reference: no gap

@@ -9,7 +9,8 @@ import math
 import statistics
 from pathlib import Path
 
-from common.stats import MARGIN, PAPER_MARGIN, paired, parabola_optimum, summarize, three_word_verdicts
+from common.stats import (MARGIN, PAPER_MARGIN, interaction, paired, parabola_optimum, summarize,
+                          three_word_verdicts)
 from data.files import atomic_open, atomic_write, read_json
 from experiments import branches
 from experiments import runs as runlib
@@ -77,7 +78,9 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
     all_rows = [r for rows in parts.values() for r in rows]
     for part in study.parts:
         if part["name"] in parts:
-            lines += part_tables(study, part, parts[part["name"]])
+            of = next((p for p in study.parts if p["name"] == part.get("of")), None)
+            of_res = analyse(study, of, parts[of["name"]]) if of and parts.get(of["name"]) else None
+            lines += part_tables(study, part, parts[part["name"]], of, of_res)
     times = runlib.study_times(root, study.name)
     if times:  # runs/ of this checkout only: each part's line above has the training time of every trunk
         lines += ["## Wall time", "", "Of the invocations whose run dirs this checkout holds (earlier checkouts' "
@@ -93,7 +96,7 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
     print(f"wrote {d / 'tables.md'}")
 
 
-def part_tables(study, part: dict, rows: list) -> list:
+def part_tables(study, part: dict, rows: list, of: dict | None = None, of_res: dict | None = None) -> list:
     name = part["name"]
     if not rows:
         return [f"## Part {name}: not run yet", ""]
@@ -115,6 +118,8 @@ def part_tables(study, part: dict, rows: list) -> list:
         "",
     ]
     out += glance_table(study, part, res)
+    if of_res:
+        out += against_table(study, part, res, of, of_res)
     for t, entries in res.items():
         if not entries:
             continue
@@ -151,6 +156,38 @@ def crossings(gaps: dict) -> str:
     return ", ".join(changes) if changes else f"none ({sign[ts[0]]} at every horizon)"
 
 
+def gap_text(c: str, pc, v) -> str:
+    """A paired gap with its interval and the verdict's word: "-0.050 [-0.060, -0.040]: ahead (p=0.01)"."""
+    word = {"ahead": "ahead" if v.winner == c else "reference ahead",
+            "equivalent": f"equivalent within ±{v.margin:g}"}.get(v.word, v.word)
+    p = v.p_equiv if v.word == "equivalent" else v.p
+    return f"{pc.mean:+.3f} {pc.ci(3)}: {word}" + (f" (p={p:.2g})" if p is not None else "")
+
+
+def against_table(study, part: dict, res: dict, of: dict, of_res: dict) -> list:
+    """A part run on cells of another (`of`, e.g. one width up): each cell's gap in both at the horizons they
+    share, and whether the gap differs between them. The parts' inits differ, so the per-seed gaps are not
+    paired across them: Welch's test on the two sets of per-seed gaps (no Holm: one question per row)."""
+    a, b = of["name"], part["name"]
+    changed = ", ".join(f"{k}={v}" for k, v in (part.get("overrides") or {}).items()) or "its own settings"
+    out = [f"### {b} against {a}: does each gap hold? ({b} is {a} with {changed}; the parts' inits differ, so "
+           "their per-seed gaps are compared by Welch's test, not paired)", "",
+           f"| cell | tok/param | gap in {a} | gap in {b} | {b} − {a} [95% CI], Welch p |", "|---|---|---|---|---|"]
+    any_row = False
+    for t in (float(h) for h in part["horizons"]):
+        for c, e in res.get(t, {}).items():
+            o = of_res.get(t, {}).get(c, {})
+            if not e.get("paired") or not o.get("paired"):
+                continue
+            d, lo, hi, p = interaction(e["paired"], o["paired"])
+            ci = "—" if lo is None else f"[{lo:+.3f}, {hi:+.3f}]"
+            out.append(f"| {c} | {t:g} | {gap_text(c, o['paired'], o['verdict'])} | "
+                       f"{gap_text(c, e['paired'], e['verdict'])} | {d:+.3f} {ci}"
+                       + (f", p={p:.2g}" if p is not None else "") + " |")
+            any_row = True
+    return out + [""] if any_row else []
+
+
 def glance_table(study, part: dict, res: dict) -> list:
     """One row per cell: its paired gap to the reference at every horizon with the verdict's word, and
     where the means change sign (the per-horizon tables below hold the numbers behind each entry)."""
@@ -171,10 +208,7 @@ def glance_table(study, part: dict, res: dict) -> list:
                 row.append("not tested")
                 continue
             gaps[t] = pc.mean
-            word = {"ahead": "ahead" if v.winner == c else "reference ahead",
-                    "equivalent": f"equivalent within ±{v.margin:g}"}.get(v.word, v.word)
-            p = v.p_equiv if v.word == "equivalent" else v.p
-            row.append(f"{pc.mean:+.3f} {pc.ci(3)}: {word}" + (f" (p={p:.2g})" if p is not None else ""))
+            row.append(gap_text(c, pc, v))
         out.append(f"| {c} | " + " | ".join(row) + f" | {crossings(gaps)} |")
     return out + [""]
 
