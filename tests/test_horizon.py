@@ -285,7 +285,17 @@ def test_a_part_run_on_cells_of_another_reports_whether_each_gap_holds(study_env
     hz.run_part(runner, wide)
     monkeypatch.setattr(hr, "corpus_line", lambda exp: "Corpus: synthetic.")
     monkeypatch.setattr(hr, "scalar_table", lambda *a: [])
+    drawn, figure = {}, hr.figure
+
+    def spy(study, part, rows, path, of=None, of_res=None):
+        drawn[part["name"]] = of and of["name"], of_res and sorted(of_res)
+        figure(study, part, rows, path, of, of_res)
+
+    monkeypatch.setattr(hr, "figure", spy)
     hr.report(study, runner.args.runs_root, runner.args.docs, "horizon")
+    # b's figure also draws a's gaps (at the horizons b ran: the figure filters them)
+    assert drawn == {"a": (None, None), "b": ("a", [1.0, 4.0])}
+    assert (runner.args.docs / "horizon" / "b_gap.png").stat().st_size > 5_000
     text = (runner.args.docs / "horizon" / "tables.md").read_text()
     assert "### b against a: does each gap hold? (b is a with model.n_embd=128;" in text
     row = next(x for x in text.splitlines() if x.startswith("| gpt2.mhc | 4 |"))

@@ -92,7 +92,9 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
                                               for r in all_rows))
     for part in study.parts:
         if part["name"] in parts:
-            figure(study, part, parts[part["name"]], d / f"{part['name']}_gap.png")
+            of = next((p for p in study.parts if p["name"] == part.get("of")), None)
+            of_res = analyse(study, of, parts[of["name"]]) if of and parts.get(of["name"]) else None
+            figure(study, part, parts[part["name"]], d / f"{part['name']}_gap.png", of, of_res)
     print(f"wrote {d / 'tables.md'}")
 
 
@@ -239,9 +241,10 @@ def scalar_table(study, part: dict, rows: list, res: dict) -> list:
     return out + [""] if any_row else []
 
 
-def figure(study, part: dict, rows: list, path: Path) -> None:
+def figure(study, part: dict, rows: list, path: Path, of: dict | None = None, of_res: dict | None = None) -> None:
     """The paired gap to the reference against horizon, with its 95% CI, one line per cell (none before a
-    cell has test seeds beside its reference's)."""
+    cell has test seeds beside its reference's); a part run on cells of another (`of`) shows those cells'
+    gaps there too, hollow, at the horizons both ran."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -255,30 +258,31 @@ def figure(study, part: dict, rows: list, path: Path) -> None:
         return
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     means = []
-    for i, c in enumerate(cells):
-        pts = [
-            (t, e[c]["paired"])
-            for t, e in res.items()
-            if c in e and e[c].get("paired") and e[c]["paired"].lo is not None
-        ]
+    color = {c: f"C{i % 10}" for i, c in enumerate(cells)}
+    lines = [(c, res, c + (f" (part {part['name']})" if of_res else ""), "full") for c in cells]
+    if of_res:  # the same cells in the part this one repeats, hollow, at the horizons this one ran
+        hs = set(res)
+        lines += [(c, {t: e for t, e in of_res.items() if t in hs}, f"{c} (part {of['name']})", "none")
+                  for c in cells]
+    for i, (c, r, label, fill) in enumerate(lines):
+        pts = [(t, e[c]["paired"]) for t, e in r.items()
+               if c in e and e[c].get("paired") and e[c]["paired"].lo is not None]
         if not pts:
             continue
         means += [p.mean for _, p in pts]
-        # a small multiplicative offset per cell on the log axis, so that overlapping intervals stay apart
-        xs = [t * 10 ** (0.012 * (i - (len(cells) - 1) / 2)) for t, _ in pts]
-        ax.errorbar(
-            xs,
-            [p.mean for _, p in pts],
-            yerr=[[p.mean - p.lo for _, p in pts], [p.hi - p.mean for _, p in pts]],
-            marker="o",
-            capsize=3,
-            label=c,
-        )
+        # a small multiplicative offset per line on the log axis, so that overlapping intervals stay apart
+        xs = [t * 10 ** (0.012 * (i - (len(lines) - 1) / 2)) for t, _ in pts]
+        ax.errorbar(xs, [p.mean for _, p in pts],
+                    yerr=[[p.mean - p.lo for _, p in pts], [p.hi - p.mean for _, p in pts]],
+                    marker="o", fillstyle=fill, color=color[c], capsize=3, label=label)
     ax.axhline(0, color="k", lw=0.8)
     for m in (MARGIN, PAPER_MARGIN):
         ax.axhspan(-m, m, color="grey", alpha=0.08)
     ax.set_xscale("log")
-    ax.set_xticks([float(t) for t in part["horizons"]], [f"{t:g}" for t in part["horizons"]])
+    hs = [float(t) for t in part["horizons"]]
+    ax.set_xlim(min(hs) / 1.5, max(hs) * 1.5)  # one horizon alone would otherwise fill the axis with the offsets
+    ax.set_xticks(hs, [f"{t:g}" for t in hs])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     if means:  # frame the means: a seed-split cell's interval (±1 nat) would flatten every other line
         lo, hi = min(means + [-0.04]), max(means + [0.04])
         pad = max(0.1, 0.15 * (hi - lo))
