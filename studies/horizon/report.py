@@ -76,11 +76,14 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
              corpus_line(experiment), ""]
     parts = {p["name"]: collect(root, p, published(docs, study)) for p in study.parts if p["kind"] == "horizon"}
     all_rows = [r for rows in parts.values() for r in rows]
+    # a part run on cells of another (`of`, e.g. one width up) is read beside that part's analysis
+    of = {p["name"]: next((o for o in study.parts if o["name"] == p.get("of") and parts.get(o["name"])), None)
+          for p in study.parts}
+    of_res = {n: analyse(study, o, parts[o["name"]]) if o else None for n, o in of.items()}
     for part in study.parts:
         if part["name"] in parts:
-            of = next((p for p in study.parts if p["name"] == part.get("of")), None)
-            of_res = analyse(study, of, parts[of["name"]]) if of and parts.get(of["name"]) else None
-            lines += part_tables(study, part, parts[part["name"]], of, of_res)
+            n = part["name"]
+            lines += part_tables(study, part, parts[n], of[n], of_res[n])
     times = runlib.study_times(root, study.name)
     if times:  # runs/ of this checkout only: each part's line above has the training time of every trunk
         lines += ["## Wall time", "", "Of the invocations whose run dirs this checkout holds (earlier checkouts' "
@@ -92,9 +95,8 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
                                               for r in all_rows))
     for part in study.parts:
         if part["name"] in parts:
-            of = next((p for p in study.parts if p["name"] == part.get("of")), None)
-            of_res = analyse(study, of, parts[of["name"]]) if of and parts.get(of["name"]) else None
-            figure(study, part, parts[part["name"]], d / f"{part['name']}_gap.png", of, of_res)
+            n = part["name"]
+            figure(study, part, parts[n], d / f"{n}_gap.png", of[n], of_res[n])
     print(f"wrote {d / 'tables.md'}")
 
 
