@@ -287,9 +287,9 @@ def test_a_part_run_on_cells_of_another_reports_whether_each_gap_holds(study_env
     monkeypatch.setattr(hr, "scalar_table", lambda *a: [])
     drawn, figure = {}, hr.figure
 
-    def spy(study, part, rows, path, of=None, of_res=None):
+    def spy(study, part, res, path, of=None, of_res=None):
         drawn[part["name"]] = of and of["name"], of_res and sorted(of_res)
-        figure(study, part, rows, path, of, of_res)
+        figure(study, part, res, path, of, of_res)
 
     monkeypatch.setattr(hr, "figure", spy)
     hr.report(study, runner.args.runs_root, runner.args.docs, "horizon")

@@ -79,11 +79,12 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
     # a part run on cells of another (`of`, e.g. one width up) is read beside that part's analysis
     of = {p["name"]: next((o for o in study.parts if o["name"] == p.get("of") and parts.get(o["name"])), None)
           for p in study.parts}
-    of_res = {n: analyse(study, o, parts[o["name"]]) if o else None for n, o in of.items()}
+    res = {p["name"]: analyse(study, p, parts[p["name"]]) for p in study.parts if parts.get(p["name"])}
+    of_res = {n: res[o["name"]] if o else None for n, o in of.items()}
     for part in study.parts:
         if part["name"] in parts:
             n = part["name"]
-            lines += part_tables(study, part, parts[n], of[n], of_res[n])
+            lines += part_tables(study, part, parts[n], res.get(n, {}), of[n], of_res[n])
     times = runlib.study_times(root, study.name)
     if times:  # runs/ of this checkout only: each part's line above has the training time of every trunk
         lines += ["## Wall time", "", "Of the invocations whose run dirs this checkout holds (earlier checkouts' "
@@ -96,15 +97,15 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
     for part in study.parts:
         if part["name"] in parts:
             n = part["name"]
-            figure(study, part, parts[n], d / f"{n}_gap.png", of[n], of_res[n])
+            figure(study, part, res.get(n, {}), d / f"{n}_gap.png", of[n], of_res[n])
     print(f"wrote {d / 'tables.md'}")
 
 
-def part_tables(study, part: dict, rows: list, of: dict | None = None, of_res: dict | None = None) -> list:
+def part_tables(study, part: dict, rows: list, res: dict, of: dict | None = None, of_res: dict | None = None) -> list:
+    """The part's tables from its rows and their analysis (`analyse`); `of`/`of_res`: the part it repeats."""
     name = part["name"]
     if not rows:
         return [f"## Part {name}: not run yet", ""]
-    res = analyse(study, part, rows)
     trunks = {r["trunk"] for r in rows}
     tokens = {float(t): max(r["tokens"] for r in rows if r["tpp"] == float(t)) for t in part["horizons"]
               if any(r["tpp"] == float(t) for r in rows)}
@@ -243,7 +244,7 @@ def scalar_table(study, part: dict, rows: list, res: dict) -> list:
     return out + [""] if any_row else []
 
 
-def figure(study, part: dict, rows: list, path: Path, of: dict | None = None, of_res: dict | None = None) -> None:
+def figure(study, part: dict, res: dict, path: Path, of: dict | None = None, of_res: dict | None = None) -> None:
     """The paired gap to the reference against horizon, with its 95% CI, one line per cell (none before a
     cell has test seeds beside its reference's); a part run on cells of another (`of`) shows those cells'
     gaps there too, hollow, at the horizons both ran."""
@@ -252,8 +253,6 @@ def figure(study, part: dict, rows: list, path: Path, of: dict | None = None, of
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-
-    res = analyse(study, part, rows)
     cells = sorted({c for e in res.values() for c, v in e.items() if v.get("paired")})
     if not cells:  # no cell tested against its reference yet: no figure, and none left from an earlier report
         path.unlink(missing_ok=True)
