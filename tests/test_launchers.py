@@ -16,9 +16,11 @@ from common.children import GpuSlots
 REPO = Path(__file__).resolve().parent.parent
 
 FAKE = """#!/bin/bash
-# stands in for `python train.py ...`: records its pid and CUDA_VISIBLE_DEVICES, runs until told to stop
-echo "$$ ${CUDA_VISIBLE_DEVICES:-none} $(date +%s.%N) start" >> "$FAKE_DIR/log"
+# stands in for `python train.py ...`: records its pid and CUDA_VISIBLE_DEVICES, runs until told to stop.
+# The trap goes first: "start" means a signal from now on is recorded (before it, bash would let a SIGINT
+# that arrives during $(date) pass and run its full time, and the sweep would wait for it).
 trap 'echo "$$ ${CUDA_VISIBLE_DEVICES:-none} $(date +%s.%N) term" >> "$FAKE_DIR/log"; exit 0' TERM INT
+echo "$$ ${CUDA_VISIBLE_DEVICES:-none} $(date +%s.%N) start" >> "$FAKE_DIR/log"
 end=$(( $(date +%s) + ${FAKE_SECONDS:-60} ))
 while [ "$(date +%s)" -lt $end ]; do sleep 0.05; done
 echo "$$ ${CUDA_VISIBLE_DEVICES:-none} $(date +%s.%N) end" >> "$FAKE_DIR/log"
