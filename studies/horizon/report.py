@@ -13,7 +13,6 @@ from common.stats import (MARGIN, PAPER_MARGIN, interaction, paired, parabola_op
                           three_word_verdicts)
 from data.files import atomic_open, atomic_write, read_json
 from experiments import branches
-from experiments import runs as runlib
 from experiments.horizon import best_setting, collect, compose, means, published
 
 
@@ -72,7 +71,8 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
     d = docs / study.name
     d.mkdir(parents=True, exist_ok=True)
     lines = [f"# {study.name} study: tables", "", "Written by `python scripts/study.py horizon --report` from the "
-             "run dirs; every number below is a final validation loss (nats per byte) of a WSD run.", "",
+             "run dirs and the rows already published beside it; every number below is a final validation loss "
+             "(nats per byte) of a WSD run.", "",
              corpus_line(experiment), ""]
     parts = {p["name"]: collect(root, p, published(docs, study)) for p in study.parts if p["kind"] == "horizon"}
     all_rows = [r for rows in parts.values() for r in rows]
@@ -85,12 +85,6 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
         if part["name"] in parts:
             n = part["name"]
             lines += part_tables(study, part, parts[n], res.get(n, {}), of[n], of_res[n])
-    times = runlib.study_times(root, study.name)
-    if times:  # runs/ of this checkout only: each part's line above has the training time of every trunk
-        lines += ["## Wall time", "", "Of the invocations whose run dirs this checkout holds (earlier checkouts' "
-                  "wall time is not kept; each part's line above sums the training time of all its trunks).", "",
-                  "| part | wall |", "|---|---|"]
-        lines += [f"| {p} | {s / 3600:.2f} h |" for p, s in times.items()] + [""]
     atomic_write(d / "tables.md", "\n".join(lines) + "\n")
     atomic_write(d / "results.jsonl", "".join(json.dumps({k: v for k, v in r.items() if k != "trunk"}) + "\n"
                                               for r in all_rows))
@@ -118,7 +112,7 @@ def part_tables(study, part: dict, rows: list, res: dict, of: dict | None = None
         f"{len(trunks)} trunks, {len(rows)} horizon results; tokens per run: "
         + ", ".join(f"{t:g} tok/param = {n:,}" for t, n in tokens.items())
         + f"; selection seeds {study.seeds}, test seeds {part['test_seeds']}; training time {train_s / 3600:.2f} h "
-        f"(trunk + branches: {cost:.2f}x "
+        f"summed over runs (trunk + branches: {cost:.2f}x "
         f"the longest run per trunk); code {', '.join(commits)}.",
         "",
     ]
@@ -138,13 +132,14 @@ def part_tables(study, part: dict, rows: list, res: dict, of: dict | None = None
             pc = e.get("paired")
             vx = f"{e['vertex'][0]:.2g}" if e["vertex"] else ("edge" if e["edge"] else "—")
             flag = f" (grid incomplete: {len(e['grid'])} lr)" if len(e["grid"]) < 3 else " (edge)" if e["edge"] else ""
+            ref = "reference" if c == study.reference_of(c) else "—"
+            tost = pc.p_equiv.get(PAPER_MARGIN) if pc else None
             out.append(f"| {c} | {e['setting'][0]:g}{flag} | {e['setting'][1]:g} | {vx} | "
                        f"{e['selection_mean']:.4f} | {', '.join(f'{v:.4f}' for v in tv) or 'not run'} | "
                        + (f"{s.mean:.4f} {s.ci(4)}" if s.mean is not None else "—") + " | "
-                       + (f"{pc.mean:+.4f} {pc.ci(4)}" if pc else ("reference" if c == study.reference_of(c) else "—"))
+                       + (f"{pc.mean:+.4f} {pc.ci(4)}" if pc else ref)
                        + f" | {e.get('verdict', '—')} | "
-                       + (f"{pc.p_equiv[PAPER_MARGIN]:.2g}" if pc and pc.p_equiv.get(PAPER_MARGIN) is not None else "—")
-                       + " |")
+                       + (f"{tost:.2g}" if tost is not None else "—") + " |")
         out.append("")
     out += scalar_table(study, part, rows, res)
     return out
@@ -290,7 +285,8 @@ def figure(study, part: dict, res: dict, path: Path, of: dict | None = None, of_
         ax.set_ylim(lo - pad, hi + pad)
     ax.set_xlabel("tokens per parameter")
     ax.set_ylabel("final val loss − reference (paired by seed)")
-    ax.set_title(f"part {part['name']}: gap against horizon (95% CI, cut at the frame; bands ±0.02, ±0.04)", fontsize=9)
+    ax.set_title(f"part {part['name']}: gap against horizon (95% CI, cut at the frame; bands ±0.02, ±0.04)",
+                 fontsize=9)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     ax.grid(alpha=0.3)
     fig.tight_layout()
