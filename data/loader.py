@@ -185,31 +185,93 @@ class TrainLoader:
                               f"the batch order will differ from the original run", stacklevel=2)
 
 
+def spread(n: int, k: int) -> np.ndarray:
+    """k window ids evenly spread over [0, n): the centre of each of k equal parts (all n when k >= n).
+    A fixed stride, so a budget samples every region of the split, never only its head."""
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    return ((2 * np.arange(k, dtype=np.int64) + 1) * n) // (2 * k)
+
+
 class ValLoader:
-    """A fixed, world-size-independent list of sequences: the first min(all, token_budget // block_size)
-    windows of the val split, in order. Sequence i goes to rank i % world_size; every rank yields the same
-    number of full [batch_size, block_size] batches, padding with y = -1 (ignore_index)."""
+    """A fixed, world-size-independent list of sequences: min(all, token_budget // block_size) windows spread
+    evenly over the whole val split (`spread`; None: every window). Sequence i goes to rank i % world_size;
+    every rank yields the same number of full [batch_size, block_size] batches, padding with y = -1
+    (ignore_index). With `docs=True` each batch also carries the document of every target (`doc_ids`), so a
+    final evaluation can keep each document's loss and bytes."""
 
     def __init__(self, data_dir, batch_size: int, block_size: int, token_budget: int | None = None,
-                 rank: int = 0, world_size: int = 1, split: str = "val"):
+                 rank: int = 0, world_size: int = 1, split: str = "val", docs: bool = False):
         if not isinstance(batch_size, int) or batch_size < 1:
             raise DataError(f"batch_size={batch_size!r}: must be an integer >= 1")
         if not 0 <= rank < world_size:
             raise DataError(f"rank={rank} is not in [0, world_size={world_size})")
         self.w = _Windows(data_dir, split, block_size)
         n = self.w.n if token_budget is None else min(self.w.n, max(1, int(token_budget) // block_size))
+        self.windows = spread(self.w.n, n)
+        self.whole = n == self.w.n
         self.num_sequences = n
         self.num_tokens = n * block_size  # tokens scored across all ranks
         self.B, self.rank, self.world = batch_size, rank, world_size
         self.num_batches = math.ceil(math.ceil(n / world_size) / batch_size)
+        self.docs = _DocIndex(self.w, _eot(data_dir)) if docs else None
+
+    @property
+    def num_docs(self) -> int:
+        return self.docs.n if self.docs is not None else 0
 
     def __len__(self) -> int:
         return self.num_batches
 
     def __iter__(self):
+        """(x, y), or (x, y, doc) with `docs`: int64 [batch_size, block_size] each, doc -1 on padding."""
         for b in range(self.num_batches):
             seq = self.rank + self.world * (b * self.B + np.arange(self.B, dtype=np.int64))
             valid = seq < self.num_sequences
-            x, y = _xy(self.w.read(np.where(valid, seq, 0)))
+            win = self.windows[np.where(valid, seq, 0)]
+            x, y = _xy(self.w.read(win))
             y[np.nonzero(~valid)[0].tolist()] = -1   # padding rows: ignore_index
-            yield x, y
+            if self.docs is None:
+                yield x, y
+            else:
+                import torch
+
+                doc = torch.from_numpy(self.docs.of_targets(win))
+                doc[np.nonzero(~valid)[0].tolist()] = -1
+                yield x, y, doc
+
+
+def _eot(data_dir) -> int | None:
+    meta = Path(data_dir) / "meta.json"
+    return int(read_json(meta)["eot"]) if meta.exists() and "eot" in read_json(meta) else None
+
+
+class _DocIndex:
+    """Which document each target of a window belongs to. Documents start at an end-of-text token (the
+    shard layout), so a target belongs to the document of the token before it: a document's closing eot is
+    scored with that document. A shard's text before its first eot counts as one more document."""
+
+    def __init__(self, w: _Windows, eot: int | None):
+        self.T = w.T
+        self.eots, self.base = [], []
+        n = 0
+        for shard in w.shards:
+            if eot is None:  # an llm.c dir without meta.json: its shards start with the eot
+                eot = int(shard[0])
+            pos = np.flatnonzero(np.asarray(shard) == eot).astype(np.int64)
+            lead = 0 if len(pos) and pos[0] == 0 else 1   # text before the first eot: a document of its own
+            self.eots.append(pos)
+            self.base.append(n + lead - 1)
+            n += len(pos) + lead
+        self.n = n
+        self.starts = w.starts
+        self._t = np.arange(1, w.T + 1, dtype=np.int64)
+
+    def of_targets(self, windows: np.ndarray) -> np.ndarray:
+        out = np.empty((len(windows), self.T), dtype=np.int64)
+        shard = np.searchsorted(self.starts, windows, side="right") - 1
+        for s in np.unique(shard):
+            rows = np.nonzero(shard == s)[0]
+            ctx = (windows[rows] - self.starts[s])[:, None] * self.T + self._t - 1  # the token before each target
+            out[rows] = self.base[s] + np.searchsorted(self.eots[s], ctx, side="right")
+        return out

@@ -41,6 +41,12 @@ class Tokenizer:
     def decode(self, ids) -> str:
         raise NotImplementedError
 
+    def token_bytes(self) -> np.ndarray:
+        """int64 [vocab_size]: the UTF-8 bytes each id stands for (0 for end-of-text and other special
+        ids). Summed over a window's targets it is the exact length of the text they encode, so bits per
+        byte compare across tokenizers."""
+        raise NotImplementedError
+
     def encode_docs(self, texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
         """Shard-ready stream for a batch of documents: eot before each document (llm.c convention),
         as uint32 (caller checks the range), plus the per-document token counts (eot included)."""
@@ -77,6 +83,11 @@ class BytesTokenizer(Tokenizer):
         out[starts] = self.eot
         out[mask] = np.frombuffer(b"".join(bs), dtype=np.uint8)
         return out, lens
+
+    def token_bytes(self) -> np.ndarray:
+        out = np.ones(self.vocab_size, dtype=np.int64)
+        out[self.eot] = 0
+        return out
 
     def decode(self, ids) -> str:
         # eot renders as "<|endoftext|>", as tiktoken's gpt2 does; ids >= 257 are not text.
@@ -115,6 +126,18 @@ class TiktokenTokenizer(Tokenizer):
         parts = [p for a in arrs for p in (eot, a)]
         out = np.concatenate(parts) if parts else np.empty(0, np.uint32)
         return out.astype(np.uint32, copy=False), lens
+
+    def token_bytes(self) -> np.ndarray:
+        special = set(self.enc.special_tokens_set)
+        out = np.zeros(self.vocab_size, dtype=np.int64)
+        for i in range(self.vocab_size):
+            try:
+                out[i] = len(self.enc.decode_single_token_bytes(i))
+            except KeyError:  # an id with no bytes (a gap in the vocabulary)
+                out[i] = 0
+        for t in special:
+            out[self.enc.encode_single_token(t)] = 0
+        return out
 
     def decode(self, ids) -> str:
         return self.enc.decode([int(i) for i in ids], errors="replace")
