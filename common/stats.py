@@ -297,3 +297,21 @@ if __name__ == "__main__":
     import sys
 
     main(sys.argv[1:])
+
+
+def ratio_se(num: Sequence[float], den: Sequence[float], num_b: Optional[Sequence[float]] = None) -> Optional[float]:
+    """Standard error of the ratio sum(num) / sum(den) over clusters (documents: num their nats, den their
+    bytes), by linearization: sqrt(D / (D - 1) * sum((num_d - r * den_d)^2)) / sum(den). With `num_b` (a
+    second model's nats on the same clusters and bytes) it is the standard error of the difference of the
+    two ratios, paired by cluster. None with fewer than two clusters."""
+    import numpy as np
+
+    num, den = np.asarray(num, dtype=np.float64), np.asarray(den, dtype=np.float64)
+    D, total = len(num), float(den.sum())
+    if D < 2 or total <= 0:
+        return None
+    resid = num - num.sum() / total * den
+    if num_b is not None:
+        nb = np.asarray(num_b, dtype=np.float64)
+        resid = resid - (nb - nb.sum() / total * den)
+    return math.sqrt(D / (D - 1) * float((resid ** 2).sum())) / total

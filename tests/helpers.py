@@ -36,7 +36,8 @@ def gpt_config(norm: str = "pre_ln", **kw) -> GPTConfig:
 REPO = Path(__file__).resolve().parents[1]
 TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
         "train.micro_batch_size=4", "train.batch_tokens=256", "train.eval_tokens=512", "train.eval_interval=1000",
-        "train.ckpt_interval=1000", "logging.log_interval=1", "logging.stats_interval=1000",
+        "train.ckpt_interval=1000", "train.final_eval_tokens=1024", "logging.log_interval=1",
+        "logging.stats_interval=1000",
         "logging.wandb.mode=disabled", "logging.console=false", "train.deterministic=true", "optim.warmup_steps=2"]
 
 

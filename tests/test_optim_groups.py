@@ -205,7 +205,7 @@ def test_switches_through_hydra(tmp_path):
 
 
 def test_layer_ablation_script(tmp_path):
-    """studies/fidelity/layer_ablation.py: base loss = the trainer's final validation loss on the same budget;
+    """studies/fidelity/layer_ablation.py: base loss = the trainer's last sampled validation loss on the same budget;
     a block whose residual projections are zero (a Pre-LN block that adds nothing) costs nothing to skip."""
     import importlib.util
     import json
@@ -218,7 +218,7 @@ def test_layer_ablation_script(tmp_path):
     spec.loader.exec_module(la)
     run = tmp_path / "r"
     train(make_cfg(run, "train.max_steps=3"))
-    final = records(run, "summary")[0]["final_val_loss"]
+    final = records(run, "eval")[-1]["val_loss"]
     res = la.ablate(run, tokens=512)
     assert res["base_loss"] == pytest.approx(final, abs=1e-5)
     assert len(res["increase"]) == 2 and all(abs(x) > 1e-4 for x in res["increase"])

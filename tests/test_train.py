@@ -128,7 +128,8 @@ def test_metrics_jsonl_schema_and_sink_keys(tmp_path):
                    "train.eval_interval=2", "logging.stats_interval=2", "train.seed=7"), sinks=[rec])
     rs = records(tmp_path)
     # stats at step 0 (the geometry at init, right after the first eval), then every stats_interval
-    assert [r["kind"] for r in rs] == ["eval", "stats", "stats", "train", "eval", "stats", "train", "eval", "summary"]
+    assert [r["kind"] for r in rs] == ["eval", "stats", "stats", "train", "eval", "stats", "train", "eval",
+                                       "final_eval", "summary"]
     st0 = [r for r in rs if r["kind"] == "stats"][0]
     assert st0["step"] == 0 and {f"geo/angle/{j}" for j in range(4)} | {f"geo/grad/{j}" for j in range(5)} <= set(st0)
     assert not any(k.startswith(("update_ratio/", "grad_norm/")) for k in st0)  # no step has been taken yet
@@ -141,6 +142,8 @@ def test_metrics_jsonl_schema_and_sink_keys(tmp_path):
     assert t["loss_max"] == t["loss"]  # one process: the max over ranks is the loss itself
     e = [r for r in rs if r["kind"] == "eval"][-1]
     assert e["val_ppl"] == pytest.approx(math.exp(e["val_loss"]))
+    assert e["val_bpb"] == pytest.approx(e["val_loss"] / math.log(2), rel=0.01)  # bytes: ~1 byte per token
+    f = [r for r in rs if r["kind"] == "final_eval"][0]
     st = [r for r in rs if r["kind"] == "stats"][-1]
     assert {f"rms/{j}" for j in range(5)} | {"grad_norm/block0", "grad_norm/block1"} <= set(st)
     assert any(k.startswith("angle_mean/") for k in st) and any(k.startswith("step/") for k in st)
@@ -150,14 +153,15 @@ def test_metrics_jsonl_schema_and_sink_keys(tmp_path):
     assert {"final_val_loss", "final_val_ppl", "best_val_loss", "spikes_loss", "spikes_grad_norm", "skipped_steps",
             "diverged", "steps", "tokens", "norm", "seed"} <= set(s)
     assert (s["norm"], s["seed"], s["steps"], s["diverged"]) == ("spheret", 7, 4, False)
-    assert s["final_val_loss"] == e["val_loss"] and s["best_val_loss"] <= e["val_loss"]
+    assert s["final_val_loss"] == f["val_loss"] and s["final_val_bpb"] == f["val_bpb"]
+    assert s["best_val_loss"] <= e["val_loss"]
     cfg_text = (tmp_path / "config.yaml").read_text()
     assert "name: spheret" in cfg_text and "seed: 7" in cfg_text
     # The recording sink saw exactly the file's records; wandb would get '<kind>/<key>' rows.
     assert [r["kind"] for r in rec.records] == [r["kind"] for r in rs]
     keys = set().union(*rec.wandb_rows)
     assert {"train/loss", "train/loss_max", "train/lr", "train/grad_norm", "train/tokens_per_s", "eval/val_loss",
-            "eval/val_ppl", "stats/rms/0", "stats/grad_norm/block1"} <= keys
+            "eval/val_ppl", "eval/val_bpb", "final_eval/val_bpb", "stats/rms/0", "stats/grad_norm/block1"} <= keys
     assert wandb_row({"kind": "spike", "step": 3, "tokens": 9, "metric": "loss", "value": 9.0, "z": 7.0}) == \
         {"spike/loss": 9.0, "spike/loss_z": 7.0, "tokens": 9}
 
@@ -439,7 +443,8 @@ def test_console_has_an_eta_and_an_end_of_training_summary(tmp_path, caplog):
     text = "\n".join(caplog.messages)
     s = records(tmp_path, "summary")[0]
     assert "finished: 4 steps, 1,024 tokens" in text and "tok/s" in text
-    assert f"final {s['final_val_loss']:.4f} (ppl {s['final_val_ppl']:.2f}), best {s['best_val_loss']:.4f}" in text
+    assert (f"final {s['final_val_loss']:.4f} (ppl {s['final_val_ppl']:.2f}), {s['final_val_bpb']:.4f} bits per byte; "
+            f"best of the sampled evals {s['best_val_loss']:.4f}") in text
     assert "spikes: loss 0, grad norm 0 | skipped steps 0" in text
     assert f"checkpoint {tmp_path / 'checkpoints' / 'ckpt_00000004.pt'}" in text
     assert f"metrics {tmp_path / 'metrics.jsonl'}" in text and "wandb disabled" in text

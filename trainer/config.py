@@ -29,7 +29,9 @@ class TrainConfig:
     deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise resume on CPU)
     threads: Optional[PosInt] = None      # CPU threads for torch (null: all cores); several CPU jobs at once: 1 each
     eval_interval: PosInt = 100           # steps between validation passes (also at step 0 and at the end)
-    eval_tokens: PosInt = 65536           # fixed validation token budget, split over ranks
+    eval_tokens: PosInt = 65536           # validation tokens per evaluation, windows spread evenly over the split
+    #: the run's final evaluation (and each cooldown branch's): windows spread over the split (null: all of it)
+    final_eval_tokens: Optional[PosInt] = None
     eval_batch_size: Optional[PosInt] = None  # null = micro_batch_size
     ckpt_interval: PosInt = 200           # steps between checkpoints (also at the end and on SIGTERM/SIGUSR1)
     keep_last: PosInt = 3                 # checkpoints kept

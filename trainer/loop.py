@@ -19,10 +19,10 @@ from common import ConfigError, perplexity
 
 from runtime import checkpoint, distributed
 
-from . import faults, resume, run_data
+from . import faults, resume, run_data, validation
 from .config import RunConfig, grad_accum_steps, parse_run_config
 from .monitor import (IntervalTimer, Spikes, StatsInputs, block_grad_norms, peak_flops, read_host, stats_values,
-                      train_record, validation_loss)
+                      train_record)
 from .optim import LRSchedule, build_optimizer, for_variant
 from .sinks import Sink, open_run_sinks, start_line, summary_record
 from .state import TrainerState
@@ -60,6 +60,7 @@ class Trainer(TrainerState):
         self._build_model_and_optimizer()
         self.loader, self.val = run_data.loaders(self.data_dir, self.train_cfg, self.model_cfg.block_size, self.accum,
                                                  self.dist)
+        self.token_bytes = run_data.token_bytes(self.tokenizer_name, self.device)
         self._init_run_state()
         config_changed = False
         if resume_ckpt is not None:  # warn about (or refuse) config changes, then load the run's state
@@ -133,6 +134,7 @@ class Trainer(TrainerState):
         self.gn_buf = torch.zeros(log_cfg.log_interval, dtype=torch.float32, device=dev)
         self.spikes = Spikes(log_cfg)
         self.best_val, self.last_val = math.inf, None
+        self.final = None  # the final evaluation's validation.ValResult, once made
         self.step, self.wandb_run_id = 0, None
         self.train_s_before = 0.0  # training time of the earlier segments of a resumed run
 
@@ -218,6 +220,8 @@ class Trainer(TrainerState):
             with timer.exclude():
                 if s % train_cfg.eval_interval == 0 or last:
                     self.evaluate()
+                if last:
+                    self.evaluate_final()
                 if is_ckpt:
                     result["checkpoint"] = str(self.save())
                     if train_cfg.stop_at is not None and s >= train_cfg.stop_at and not last:
@@ -311,14 +315,29 @@ class Trainer(TrainerState):
         return (self.stop.received or "SIGTERM/SIGUSR1 (on another rank)") if signal_seen else None, consecutive
 
     def evaluate(self) -> None:
-        """The validation loss (monitor.validation_loss: the fixed budget, over every rank), recorded."""
-        val = self.last_val = validation_loss(self.fwd_model, self.val, self.autocast, self.device)
+        """The validation loss and bits per byte on train.eval_tokens spread over the split, over every rank."""
+        r = validation.score(self.fwd_model, self.val, self.autocast, self.device, self.token_bytes)
+        val = self.last_val = r.loss
         if math.isfinite(val):
             self.best_val = min(self.best_val, val)
         if self.dist.is_main:
-            ppl = perplexity(val)
             self.emit({"kind": "eval", "step": self.step, "tokens": self.step * self.train_cfg.batch_tokens,
-                       "val_loss": val, "val_ppl": ppl})
+                       "val_loss": val, "val_bpb": r.bpb, "val_ppl": perplexity(val)})
+
+    def evaluate_final(self) -> None:
+        """The run's final evaluation: train.final_eval_tokens spread over the split (null: the whole split),
+        with each document's nats, bytes and tokens kept in <run dir>/final_eval.json. The summary's final
+        loss is this one."""
+        loader = run_data.final_loader(self.data_dir, self.train_cfg, self.model_cfg.block_size, self.dist)
+        r = self.final = validation.score(self.fwd_model, loader, self.autocast, self.device, self.token_bytes)
+        if not self.dist.is_main:
+            return
+        rec = {"kind": "final_eval", "step": self.step, "tokens": self.step * self.train_cfg.batch_tokens,
+               "val_loss": r.loss, "val_bpb": r.bpb, "val_ppl": perplexity(r.loss), "se_bpb": r.se_bpb(),
+               "val_tokens": r.tokens, "val_bytes": r.bytes, "val_docs": int((r.doc_tokens > 0).sum()),
+               "whole_split": loader.whole}
+        validation.write_final(self.run_dir / "final_eval.json", rec, r)
+        self.emit(rec)
 
     @torch.no_grad()
     def log_stats(self, s: int, inputs: StatsInputs) -> None:
@@ -346,7 +365,7 @@ class Trainer(TrainerState):
     def _finish(self, result: dict, summary: bool) -> dict:
         result["steps"] = self.step
         if summary and self.dist.is_main:
-            rec = summary_record(self.step, self.train_cfg.batch_tokens, self.last_val, self.best_val,
+            rec = summary_record(self.step, self.train_cfg.batch_tokens, self.last_val, self.best_val, self.final,
                                  self.spikes.counts(), int(self.skipped.item()), result["diverged"],
                                  self.model_cfg.norm.name, self.train_cfg.seed,
                                  wall_s=time.perf_counter() - self._wall0, train_s=self._train_s())

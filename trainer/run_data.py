@@ -48,3 +48,22 @@ def loaders(data_dir: Path, train_cfg, block_size: int, accum: int, dist):
                     f"{block_size} tokens = {val.num_tokens} tokens"
                     + (" (all the validation split has)" if val.num_sequences < max(1, budget // block_size) else ""))
     return loader, val
+
+
+def final_loader(data_dir: Path, train_cfg, block_size: int, dist):
+    """The final evaluation's validation loader: train.final_eval_tokens spread over the split (null: every
+    window), with each target's document."""
+    import data as data_mod
+
+    return data_mod.ValLoader(data_dir, train_cfg.eval_batch_size or train_cfg.micro_batch_size, block_size,
+                              token_budget=train_cfg.final_eval_tokens, rank=dist.rank, world_size=dist.world_size,
+                              docs=True)
+
+
+def token_bytes(tokenizer: str, device):
+    """int64 [vocab] on `device`: the UTF-8 bytes of each id (data.Tokenizer.token_bytes), for bits per byte."""
+    import torch
+
+    import data as data_mod
+
+    return torch.from_numpy(data_mod.get_tokenizer(tokenizer).token_bytes()).to(device)

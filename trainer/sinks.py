@@ -128,7 +128,13 @@ class ConsoleSink(Sink):
                      + (f" | compile {r['compile_s']:.1f}s (first step, not in tok/s)" if "compile_s" in r else "")
                      + (f" | skipped {r['skipped_steps']}" if r["skipped_steps"] else "") + self._eta(r["step"]))
         elif r["kind"] == "eval":
-            log.info(f"step {r['step']} | val loss {r['val_loss']:.4f} | val ppl {r['val_ppl']:.2f}")
+            log.info(f"step {r['step']} | val loss {r['val_loss']:.4f} | val bpb {r['val_bpb']:.4f} "
+                     f"| val ppl {r['val_ppl']:.2f}")
+        elif r["kind"] == "final_eval":
+            se = f" ± {r['se_bpb']:.4f} (s.e. over {r['val_docs']} documents)" if r.get("se_bpb") is not None else ""
+            scope = "the whole val split" if r["whole_split"] else "a sample spread over the val split"
+            log.info(f"final eval on {scope} ({r['val_tokens']:,} tokens, {r['val_bytes']:,} bytes): "
+                     f"val loss {r['val_loss']:.4f} | val bpb {r['val_bpb']:.4f}{se}")
         elif r["kind"] == "summary":
             for line in self._summary(r):
                 log.info(line)
@@ -151,7 +157,9 @@ class ConsoleSink(Sink):
             f"{'diverged' if r['diverged'] else 'finished'}: {r['steps']} steps, {r['tokens']:,} tokens | "
             f"this process {hms(r['wall_s'])}, {tps:,.0f} tok/s"
             + (f" | all segments {hms(r['train_s'])} (resumed)" if self.resumed else ""),
-            f"val loss: final {val(r['final_val_loss'])}, best {val(r['best_val_loss'])} | spikes: loss "
+            f"val loss: final {val(r['final_val_loss'])}"
+            + (f", {r['final_val_bpb']:.4f} bits per byte" if r.get("final_val_bpb") is not None else "")
+            + f"; best of the sampled evals {val(r['best_val_loss'])} | spikes: loss "
             f"{r['spikes_loss']}, grad norm {r['spikes_grad_norm']} | skipped steps {r['skipped_steps']}",
             f"checkpoint {find_latest(rd)} | metrics {rd / 'metrics.jsonl'} | config {rd / 'config.yaml'}"
             + (f" | wandb run {w.run_id} ({w.mode}{', ' + w.url if w.url else ''}, {rd / 'wandb'})" if w
@@ -172,13 +180,20 @@ def start_line(run_dir: Path, norm: str, params: int, ranks: int, micro_batch: i
                if resumed_from else ""))
 
 
-def summary_record(step: int, batch_tokens: int, last_val: Optional[float], best_val: float, spike_counts: dict,
+def summary_record(step: int, batch_tokens: int, last_val: Optional[float], best_val: float, final, spike_counts: dict,
                    skipped: int, diverged: bool, norm: str, seed: int, wall_s: float, train_s: float) -> dict:
-    """The run's last record (`summary`): final and best validation loss, spikes, skipped steps, times."""
+    """The run's last record (`summary`): final and best validation loss, spikes, skipped steps, times. The
+    final loss and bpb are the final evaluation's (`final`, a validation.ValResult) where it ran, else the
+    last evaluation's (a diverged run)."""
     from common.provenance import code_commit
 
+    fin = {"final_val_loss": last_val, "final_val_bpb": None, "final_val_se_bpb": None, "final_val_tokens": None}
+    if final is not None:
+        fin = {"final_val_loss": final.loss, "final_val_bpb": final.bpb, "final_val_se_bpb": final.se_bpb(),
+               "final_val_tokens": final.tokens}
+        last_val = final.loss
     return {"kind": "summary", "step": step, "tokens": step * batch_tokens,
-            "final_val_loss": last_val, "final_val_ppl": perplexity(last_val),
+            **fin, "final_val_ppl": perplexity(last_val),
             "best_val_loss": best_val if math.isfinite(best_val) else None, **spike_counts,
             "skipped_steps": skipped, "steps": step,
             # a run that ends on a non-finite validation loss diverged, even if no step's loss was counted so
