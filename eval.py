@@ -140,7 +140,9 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
         payload["perplexity"] = evaluate_perplexity(model, data_dir, cfg.split, stride=cfg.stride,
                                                     token_budget=cfg.token_budget, batch_size=cfg.batch_size, rt=rt,
                                                     progress=rt.is_main)
-        echo(f"perplexity: loss {payload['perplexity']['loss']:.4f}, ppl {payload['perplexity']['ppl']:.3f}")
+        p = payload["perplexity"]
+        bpb = f", {p['bpb']:.4f} bits per byte" if p.get("bpb") is not None else ""
+        echo(f"perplexity: loss {p['loss']:.4f}, ppl {p['ppl']:.3f}{bpb}")
 
     if cfg.tasks:
         from evaluation.harness import NanoLM, run_tasks

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from common import perplexity
 from data.errors import DataError
 
-from .scoring import count_windows, plan_windows, score_batch
+from .scoring import plan_windows, score_batch
 from data.files import read_json
 
 
@@ -46,9 +46,14 @@ def split_shards(data_dir, split: str) -> list[Path]:
 
 def evaluate_perplexity(model, data_dir, split: str = "val", *, stride: Optional[int] = None,
                         token_budget: Optional[int] = None, batch_size: int = 8, rt=None,
-                        progress: bool = False) -> dict:
-    """Mean next-token loss (nats) and perplexity over the first `token_budget` scored tokens of the
-    split (None: all of it). stride: new tokens scored per window (None: block_size, no overlap)."""
+                        progress: bool = False, token_bytes=None) -> dict:
+    """Mean next-token loss (nats), perplexity and bits per byte over about `token_budget` scored tokens
+    of the split, in whole windows spread evenly over it (None: all of it). stride: new tokens scored per
+    window (None: block_size, no overlap).
+    token_bytes: the UTF-8 bytes of each id (Tokenizer.token_bytes; None: the data dir's tokenizer's)."""
+    import numpy as np
+
+    from data import get_tokenizer
     from data.shards import open_shard
 
     from runtime.distributed import Runtime
@@ -58,21 +63,26 @@ def evaluate_perplexity(model, data_dir, split: str = "val", *, stride: Optional
     stride = block_size if stride is None else stride
     if token_budget is not None and token_budget < 1:
         raise ValueError(f"token_budget={token_budget}: must be >= 1 or null (whole split)")
+    meta = Path(data_dir) / "meta.json"
+    if token_bytes is None and meta.is_file():  # an llm.c dir without meta.json: no tokenizer named, no bpb
+        token_bytes = get_tokenizer(read_json(meta)["tokenizer"]).token_bytes()
+    token_bytes = None if token_bytes is None else np.asarray(token_bytes, dtype=np.int64)
     nll = torch.zeros((), dtype=torch.float64, device=rt.device)
     count = torch.zeros((), dtype=torch.long, device=rt.device)
-    remaining = math.inf if token_budget is None else token_budget
+    nbytes = torch.zeros((), dtype=torch.long, device=rt.device)  # summed on the host: no sync per batch
     k = 0  # global window index: window k goes to rank k % world_size
     batch = []
 
-    shards = []  # (tokens, how many of them to use)
-    for path in split_shards(data_dir, split):
-        if remaining <= 0:
-            break
-        tok = open_shard(path)
-        n = int(min(len(tok), remaining + 1))
-        remaining -= max(n - 1, 0)
-        shards.append((tok, n))
-    n_windows = sum(count_windows(n, 1, block_size, stride) for _, n in shards)
+    # Every window of the split, shard by shard; a budget takes whole windows spread evenly over the split
+    # (data.loader.spread: with stride == block_size, the windows training's validation scores), never its head.
+    plan = [(tok, w) for tok in map(open_shard, split_shards(data_dir, split))
+            for w in plan_windows(len(tok), 1, block_size, stride)]
+    if token_budget is not None:
+        from data.loader import spread
+
+        full = [(tok, w) for tok, w in plan if w.end - w.first >= stride]  # a shard's tail scores fewer
+        plan = [full[i] for i in spread(len(full), max(1, -(-token_budget // stride)))] if full else plan[:1]
+    n_windows = len(plan)
     bar = tqdm(total=n_windows, desc=f"perplexity ({split})", unit="win", disable=not progress)
 
     def flush():
@@ -82,22 +92,26 @@ def evaluate_perplexity(model, data_dir, split: str = "val", *, stride: Optional
         bar.update(len(batch) * rt.world_size)
         batch.clear()
 
-    for tok, n in shards:
-        for w in plan_windows(n, 1, block_size, stride):
-            if k % rt.world_size == rt.rank:
-                batch.append((tok, w))
-                if len(batch) == batch_size:
-                    flush()
-            k += 1
+    for tok, w in plan:
+        if k % rt.world_size == rt.rank:
+            batch.append((tok, w))
+            if token_bytes is not None:
+                nbytes.add_(int(token_bytes[np.asarray(tok[w.first:w.end], dtype=np.int64)].sum()))
+            if len(batch) == batch_size:
+                flush()
+        k += 1
     if batch:
         flush()
     bar.close()
     if rt.world_size > 1:
         dist.all_reduce(nll)
         dist.all_reduce(count)
+        dist.all_reduce(nbytes)
     tokens = int(count.item())
     if tokens == 0:
         raise ValueError(f"split '{split}' of {data_dir} has no tokens to score")
     loss = nll.item() / tokens
-    return {"split": split, "loss": loss, "ppl": perplexity(loss), "tokens": tokens, "stride": stride,
+    b = int(nbytes.item())
+    return {"split": split, "loss": loss, "ppl": perplexity(loss), "bpb": nll.item() / (b * math.log(2)) if b else None,
+            "tokens": tokens, "bytes": b if token_bytes is not None else None, "stride": stride,
             "block_size": block_size, "windows": n_windows}

@@ -81,6 +81,8 @@ def markdown_table(payload: dict) -> str:
         what = f"{ppl['split']} ({ppl['tokens']} tokens, stride {ppl['stride']})"
         lines.append(f"| {what} | loss | {_fmt(ppl['loss'])} | |")
         lines.append(f"| {what} | ppl | {_fmt(ppl['ppl'])} | |")
+        if ppl.get("bpb") is not None:
+            lines.append(f"| {what} | bits per byte | {_fmt(ppl['bpb'])} | |")
     for task, metrics in payload.get("tasks", {}).items():
         for name, v in metrics.items():
             if name.endswith("_stderr") or "_stderr[" in name or name == "samples":
@@ -99,6 +101,8 @@ def flat_metrics(payload: dict) -> dict:
     if ppl:
         out[f"ppl/{ppl['split']}/loss"] = ppl["loss"]
         out[f"ppl/{ppl['split']}/ppl"] = ppl["ppl"]
+        if ppl.get("bpb") is not None:
+            out[f"ppl/{ppl['split']}/bpb"] = ppl["bpb"]
     for task, metrics in payload.get("tasks", {}).items():
         for name, v in metrics.items():
             out[f"zeroshot/{task}/{name}"] = v

@@ -199,10 +199,13 @@ def test_perplexity_matches_direct_computation(tmp_path):
     r1 = evaluate_perplexity(model, tmp_path / "data", "val", stride=1, batch_size=7)
     want1, _ = direct_nll(model, toks, lambda i: BLOCK)
     assert r1["loss"] == pytest.approx(want1, rel=1e-5) and r1["loss"] != pytest.approx(r["loss"], rel=1e-4)
-    # a token budget scores exactly that many tokens, from the start of the split
-    rb = evaluate_perplexity(model, tmp_path / "data", "val", stride=4, token_budget=20, batch_size=3)
-    wantb, _ = direct_nll(model, [toks[0][:21]], lambda i: i if i <= BLOCK else BLOCK - 4 + 1 + (i - BLOCK - 1) % 4)
-    assert rb["tokens"] == 20 and rb["loss"] == pytest.approx(wantb, rel=1e-5)
+    # a token budget scores whole windows spread over the split (both shards here), never only its head
+    rb = evaluate_perplexity(model, tmp_path / "data", "val", token_budget=2 * BLOCK, batch_size=3)
+    chunks = [(t, s) for t in toks for s in range(0, len(t) - 1, BLOCK)]   # the 5 chunks: the 2nd and the
+    picked = [chunks[1], chunks[3]]                                        # 4th are the centres of two halves
+    lossb = [model(torch.tensor(t[s:s + BLOCK])[None], torch.tensor(t[s + 1:s + BLOCK + 1])[None])[1].item()
+             for t, s in picked]
+    assert rb["tokens"] == 2 * BLOCK and rb["loss"] == pytest.approx(sum(lossb) / 2, rel=1e-5)
 
 
 def run_eval(capsys, *argv):
