@@ -39,6 +39,9 @@ class DataConfig:
     packages: Optional[list] = None
     #: pysrc: the corpus's expected sha256 (meta.json's stream0.sha256); another corpus is refused
     sha256: Optional[str] = None
+    #: pysrc: leave out a file when at least this fraction of its distinct lines of 30+ characters occur in
+    #: the files kept before it (generated tables, codec maps, near-copies); null: keep every file
+    near_duplicates: Annotated[Optional[float], Range(0, 1, "(]")] = None
     #: .txt: one document per file, per blank-line paragraph, or per line
     txt_sample_by: Literal["document", "paragraph", "line"] = "document"
     #: held-out fraction of DOCUMENTS (when there is no val split)

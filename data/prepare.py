@@ -360,7 +360,26 @@ def _run(cfg: DataConfig, tok, out: Path, progress) -> None:
             except OSError:  # a full disk refuses the buffered rest: the progress checkpoint never counted it
                 pass
     _check_splits(cfg, splits, val_held_out)
+    _measure(tok, out, splits)
     _write_meta(cfg, tok, out, streams, splits, content, topped, t0)
+
+
+def _measure(tok, out: Path, splits: dict) -> None:
+    """Each split's bytes and bytes per token, and (small corpora) the validation lines also in training,
+    into `splits` for meta.json (data/composition.py)."""
+    from .composition import OVERLAP_MAX_TOKENS, split_bytes, val_overlap
+
+    tb = tok.token_bytes()
+    files = {s: [out / sh["file"] for sh in v["shards"]] for s, v in splits.items()}
+    for s, v in splits.items():
+        v["bytes"] = split_bytes(files[s], tb)
+        v["bytes_per_token"] = round(v["bytes"] / v["tokens"], 6) if v["tokens"] else None
+    if splits["train"]["tokens"] <= OVERLAP_MAX_TOKENS:
+        splits["val"]["overlap"] = val_overlap(files["train"], files["val"], tok)
+        o = splits["val"]["overlap"]
+        if o["in_train"] is not None:
+            _log(f"{o['in_train']:.1%} of the {o['val_lines']:,} validation lines of {o['min_line_chars']}+ "
+                 "characters also occur in training")
 
 
 def _resume_or_start_over(out: Path, content: dict) -> Optional[dict]:

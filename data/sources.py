@@ -186,13 +186,20 @@ def _dist_files(dist) -> list[tuple[str, str]]:
     return sorted((str(f), str(dist.locate_file(f))) for f in (dist.files or []) if str(f).endswith(".py"))
 
 
-def pysrc_index(groups: list[tuple[str, list[tuple[str, str]]]], max_bytes: int = PYSRC_MAX_FILE_BYTES):
+def pysrc_index(groups: list[tuple[str, list[tuple[str, str]]]], max_bytes: int = PYSRC_MAX_FILE_BYTES,
+                near_duplicates: float | None = None):
     """The corpus's documents from `groups` [(label, [(relative path, path)])], in that order: each file
-    read once, kept when it is UTF-8, non-empty, at most `max_bytes` and not an exact copy of an earlier
-    file. Returns (paths kept, info): info holds the composition per group, what was skipped and why,
-    and `sha256`, a hash of every kept file's label, path and content in order."""
-    kept, digests, composition = [], set(), []
+    read once, kept when it is UTF-8, non-empty, at most `max_bytes`, not an exact copy of an earlier
+    file and (`near_duplicates`) not a near-copy: a file at least that fraction of whose distinct lines of
+    30+ characters occur in the files kept before it (the first of a family stays). Returns (paths kept,
+    info): info holds the composition per group, what was skipped and why, and `sha256`, a hash of every
+    kept file's label, path and content in order."""
+    from .composition import long_lines
+
+    kept, digests, composition, lines_seen = [], set(), [], set()
     skipped = {"duplicate": 0, "too_large": 0, "not_utf8": 0, "empty_or_unreadable": 0}
+    if near_duplicates is not None:
+        skipped["near_duplicate"] = 0
     corpus_hash = hashlib.sha256()
     for label, files in groups:
         n, nbytes = 0, 0
@@ -210,7 +217,7 @@ def pysrc_index(groups: list[tuple[str, list[tuple[str, str]]]], max_bytes: int 
                 skipped["empty_or_unreadable"] += 1
                 continue
             try:
-                raw.decode("utf-8")
+                text = raw.decode("utf-8")
             except UnicodeDecodeError:
                 skipped["not_utf8"] += 1
                 continue
@@ -219,12 +226,19 @@ def pysrc_index(groups: list[tuple[str, list[tuple[str, str]]]], max_bytes: int 
                 skipped["duplicate"] += 1
                 continue
             digests.add(digest)
+            if near_duplicates is not None:
+                lines = {hashlib.blake2b(s.encode(), digest_size=8).digest() for s in long_lines(text)}
+                if lines and len(lines & lines_seen) >= near_duplicates * len(lines):
+                    skipped["near_duplicate"] += 1
+                    continue
+                lines_seen |= lines
             corpus_hash.update(f"{label}/{rel}\0".encode() + digest)
             kept.append(path)
             n, nbytes = n + 1, nbytes + len(raw)
         composition.append({"group": label, "files": n, "bytes": nbytes})
     info = {"documents": len(kept), "bytes": sum(c["bytes"] for c in composition), "sha256": corpus_hash.hexdigest(),
-            "max_file_bytes": max_bytes, "skipped": skipped, "composition": composition}
+            "max_file_bytes": max_bytes, **({"near_duplicates": near_duplicates} if near_duplicates else {}),
+            "skipped": skipped, "composition": composition}
     return kept, info
 
 
@@ -242,11 +256,12 @@ def named_distributions(names: list) -> list:
     return out
 
 
-def _pysrc_stream(packages: list | None = None, sha256: str | None = None) -> Stream:
+def _pysrc_stream(packages: list | None = None, sha256: str | None = None,
+                  near_duplicates: float | None = None) -> Stream:
     groups = [(f"stdlib (Python {sys.version.split()[0]})", _stdlib_files())]
     dists = required_distributions() if packages is None else named_distributions(packages)
     groups += [(f"{d.metadata['Name']}=={d.version}", _dist_files(d)) for d in dists]
-    paths, info = pysrc_index(groups)
+    paths, info = pysrc_index(groups, near_duplicates=near_duplicates)
     if not paths:
         raise DataError("data.source=pysrc: no readable .py files in the stdlib or the installed packages")
     if sha256 is not None and info["sha256"] != sha256:
@@ -267,7 +282,7 @@ def _pysrc_stream(packages: list | None = None, sha256: str | None = None) -> St
 
 
 def _pysrc_source(cfg: DataConfig) -> list[Stream]:
-    return [_pysrc_stream(cfg.packages, cfg.sha256)]
+    return [_pysrc_stream(cfg.packages, cfg.sha256, cfg.near_duplicates)]
 
 
 # ------------------------------------------------------------------------------------------- datasets
