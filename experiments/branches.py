@@ -113,7 +113,13 @@ def summarize(out: Path, p: dict, decay_frac: float) -> dict:
             continue
         r = runlib.load_run(d)
         rows[h] = {"steps": h, "tokens": h * int(runlib.get_key(r.config, "train.batch_tokens")),
-                   "final_val_loss": r.final_val_loss, "diverged": r.diverged, "run_dir": str(d),
+                   "final_val_loss": r.final_val_loss, "final_val_bpb": r.final_val_bpb,
+                   "final_val_se_bpb": (r.summary or {}).get("final_val_se_bpb"),
+                   "final_val_tokens": (r.summary or {}).get("final_val_tokens"),
+                   "spikes_loss": r.spike_count("loss"), "spikes_grad_norm": r.spike_count("grad_norm"),
+                   "max_grad_norm": max((t["grad_norm"] for t in r.train if t.get("grad_norm") is not None),
+                                        default=None),
+                   "diverged": r.diverged, "run_dir": str(d),
                    "train_s": r.summary.get("train_s"),
                    "branch_from": None if h == p["trunk"] else decay_start(h, decay_frac)}
     result = {"decay_frac": decay_frac, "trunk_steps": p["trunk"], "horizons": rows,

@@ -35,6 +35,10 @@ from data.files import atomic_write, read_json
 
 REPO = Path(__file__).resolve().parent.parent
 MULT_KEY = "optim.groups.scalars.lr_mult"
+# what horizons.json records per run beyond the loss, published with each row where present (runs made before
+# bits per byte and whole-split final evaluations have none of these)
+ROW_EXTRAS = ("final_val_bpb", "final_val_se_bpb", "final_val_tokens", "spikes_loss", "spikes_grad_norm",
+              "max_grad_norm")
 # A slot a cell's trunk frees is kept for that cell this long before the next cell may take it: its other trunk
 # of the phase ends within seconds, or its next phase is being planned (a few seconds of reading results).
 HOLD_S = 120.0
@@ -104,6 +108,7 @@ def collect(root: Path, part: dict, published: Path | None = None) -> list:
                 rows.append({**{k: point[k] for k in ("cell", "lr", "mult", "seed", "part", "commit")},
                              "tpp": float(tpp), "steps": steps, "tokens": r["tokens"], "val_loss": r["final_val_loss"],
                              "diverged": r["diverged"] or not _finite(r["final_val_loss"]), "train_s": r["train_s"],
+                             **{k: r[k] for k in ROW_EXTRAS if r.get(k) is not None},
                              "trunk": str(p.parent)})
                 if steps == longest and (p.parent / "trunk").is_dir():  # published with the row: run dirs go
                     rows[-1]["scalars"] = _scalars(p.parent / "trunk")
@@ -180,7 +185,7 @@ def run_part(runner, part: dict) -> None:
 
     def run_cell(i: int, cell: str) -> None:
         rows = lambda: [r for r in collect(root, part, pub) if r["cell"] == cell]  # noqa: E731
-        lrs = study.around(centre.get(cell, study.cells[cell]["start"]))
+        lrs = study.around(centre.get(cell, (part.get("starts") or {}).get(cell, study.cells[cell]["start"])))
         trunks([(cell, lr, 1.0, s, "selection") for lr in lrs for s in sel], i)
         for _ in range(study.edge_rounds):
             more, rs = set(), rows()

@@ -78,6 +78,15 @@ class Run:
         return _loss(self.evals[-1].get("val_loss")) if self.evals else None
 
     @property
+    def final_val_bpb(self) -> float | None:
+        """Bits per byte of the final evaluation (the summary's), else of the last evaluation; None for a run
+        recorded before bits per byte were."""
+        if self.summary is not None and self.summary.get("final_val_bpb") is not None:
+            return float(self.summary["final_val_bpb"])
+        v = self.evals[-1].get("val_bpb") if self.evals else None
+        return None if v is None else float(v)
+
+    @property
     def final_val_ppl(self) -> float | None:
         if self.summary is not None and self.summary.get("final_val_ppl") is not None:
             return float(self.summary["final_val_ppl"])

@@ -15,7 +15,7 @@ Part kinds, each a resumable sweep (scripts/sweep.py) under <runs-root>/<sweep>/
   points  the points of another experiment (`experiment`, its experiment_meta.points), as they are;
   horizon (`horizons` in tokens per parameter, `test_seeds`; `cells`, or `pick` of `of`) a trunk and WSD
           cooldown branches per setting and seed, lr chosen on the study's seeds and tested on fresh ones
-          (experiments/horizon.py);
+          (experiments/horizon.py); `starts` ({cell: value}) moves a cell's grid centre for that part;
   script  <script>.py beside the study file, <run dir> <args>, on the runs `runs` selects (`of` a part:
           its `cells`, or its bests with `best: true`; `seeds`), skipping a run dir that has the script's
           `output` already.
