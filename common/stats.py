@@ -119,6 +119,9 @@ def welch_p_from_summary(mean_a: float, std_a: float, n_a: int, mean_b: float, s
 
 MARGIN = 0.02        # nats: "equivalent" means the whole difference lies within +/- MARGIN (TOST)
 PAPER_MARGIN = 0.04  # nats: the GeoNorm paper's effect size, reported beside MARGIN
+# bits per byte: half the smaller of the GeoNorm paper's two 125M gaps (Arxiv, 0.024 nats per token) at the 3.53
+# UTF-8 bytes per GPT-2 token measured on the offline English corpus (docs/horizon16_study.md, "Units")
+BPB_MARGIN = 0.005
 
 
 @dataclass(frozen=True)

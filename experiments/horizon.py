@@ -109,7 +109,7 @@ def collect(root: Path, part: dict, published: Path | None = None) -> list:
                              "tpp": float(tpp), "steps": steps, "tokens": r["tokens"], "val_loss": r["final_val_loss"],
                              "diverged": r["diverged"] or not _finite(r["final_val_loss"]), "train_s": r["train_s"],
                              **{k: r[k] for k in ROW_EXTRAS if r.get(k) is not None},
-                             "trunk": str(p.parent)})
+                             **_doc_nats(r.get("run_dir")), "trunk": str(p.parent)})
                 if steps == longest and (p.parent / "trunk").is_dir():  # published with the row: run dirs go
                     rows[-1]["scalars"] = _scalars(p.parent / "trunk")
     if published is not None and published.is_file():
@@ -120,6 +120,15 @@ def collect(root: Path, part: dict, published: Path | None = None) -> list:
             if r.get("part") == part["name"] and key not in here:
                 rows.append({**r, "trunk": f"{published}#{r['cell']}/lr{r['lr']:g}-m{r['mult']:g}/s{r['seed']}"})
     return rows
+
+
+def _doc_nats(run_dir) -> dict:
+    """{"doc_nats": [...]}: the run's final evaluation per validation document (final_eval.json), rounded to
+    1e-4 nats, so that a published row still gives the validation set's own standard error; {} without it."""
+    f = Path(run_dir) / "final_eval.json" if run_dir else None
+    if f is None or not f.is_file():
+        return {}
+    return {"doc_nats": [round(v, 4) for v in read_json(f)["docs"]["nats"]]}
 
 
 def _scalars(trunk: Path) -> dict:

@@ -1,0 +1,105 @@
+"""The horizon16 report on synthetic trunks: bits per byte, the declared Holm families at the primary horizon,
+the validation set's own standard error from per-document nats, the multiplier's edge flag, and a fresh
+checkout reading the published rows (per-document nats included)."""
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+DOCS = [300, 500, 200]          # bytes per validation document
+
+
+def fake(cell, lr, mult, seed, steps):
+    """Per-document nats with a known optimum (lr 3e-3), a cell effect and a per-seed offset shared by cells."""
+    effect = {"gpt2.pre_ln": 0.0, "gpt2.geonorm-normin": -0.2, "gpt2.sandwich": -0.1,
+              "gpt2.peri_ln": 0.002 * ((seed * 7) % 5 - 2)}[cell]     # Peri-LN: no effect, seed noise
+    if cell == "gpt2.geonorm-normin" and mult == 10:
+        effect -= 0.05
+    base = 2.0 + 0.3 * math.log10(lr / 3e-3) ** 2 + effect + 0.03 * seed + 10.0 / steps
+    # document d gets a small per-document wobble, so the validation set's own s.e. is not zero
+    # (GeoNorm gains more on the last document: its gap varies over the validation set)
+    tilt = 0.03 if cell == "gpt2.geonorm-normin" else 0.0
+    return [nbytes * (base + (0.01 * (1 + seed % 3) + tilt) * (d - 1)) for d, nbytes in enumerate(DOCS)]
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    from experiments import horizon as hz, study as S
+
+    study = S.Study.load("horizon16")
+    study.cells = {c: {"overrides": {}, "start": 3e-3} for c in
+                   ("gpt2.pre_ln", "gpt2.geonorm-normin", "gpt2.peri_ln", "gpt2.sandwich")}
+    study.cells["gpt2.geonorm-normin"]["scalar_lr_mults"] = [1, 10]
+    part = {"name": "p16", "kind": "horizon", "sweep": "s", "cells": list(study.cells), "horizons": [4, 16],
+            "primary_horizon": 16, "test_seeds": [2, 3, 4, 5], "decay_frac": 0.2,
+            "primary": ["gpt2.geonorm-normin", "gpt2.peri_ln"], "ablation": ["gpt2.sandwich"]}
+    study.parts = [part]
+
+    def fake_run(out, horizons, decay, overrides, warmup=0, log=None, env=None):
+        o = dict(a.split("=", 1) for a in overrides)
+        point = json.loads((out / "point.json").read_text())
+        rows = {}
+        for h in horizons:
+            nats = fake(point["cell"], float(o["optim.lr"]), float(o[hz.MULT_KEY]), int(o["train.seed"]), h)
+            run_dir = out / f"h{h}"
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "final_eval.json").write_text(json.dumps({"docs": {"nats": nats, "bytes": DOCS}}))
+            loss = sum(nats) / sum(DOCS)
+            rows[h] = {"steps": h, "tokens": h * 1024, "final_val_loss": loss, "final_val_bpb": loss / math.log(2),
+                       "diverged": False, "train_s": 1.0, "run_dir": str(run_dir), "spikes_loss": 0,
+                       "max_grad_norm": 1.5}
+        (out / "horizons.json").write_text(json.dumps({"horizons": rows}))
+
+    monkeypatch.setattr(hz.branches, "run", fake_run)
+    monkeypatch.setattr(hz, "reference_setting", lambda *a: (1024, 1024, 1))
+    monkeypatch.setattr(hz, "HOLD_S", 0.01)
+    args = SimpleNamespace(runs_root=tmp_path / "runs", docs=tmp_path / "docs", experiment="horizon16", overrides=[],
+                           jobs=2)
+    return hz, study, part, SimpleNamespace(study=study, args=args, cells=study.cells)
+
+
+def test_the_report_decides_the_declared_families_in_bits_per_byte(env, tmp_path):
+    hz, study, part, runner = env
+    hz.run_part(runner, part)
+    from studies.horizon16 import report as r16
+
+    rows = hz.collect(runner.args.runs_root, part)
+    assert all(len(r["doc_nats"]) == 3 and "final_val_bpb" in r for r in rows)
+    cells = {c: r16.Cell(rows, c, 16.0, [0, 1], part["test_seeds"]) for c in part["cells"]}
+    geo_cell = cells["gpt2.geonorm-normin"]
+    # the best multiplier (10, the largest of the file's) got a step up, and is then inside what was tried
+    assert geo_cell.setting == (3e-3, 10.0) and (3e-3, 100.0) in geo_cell.grid and geo_cell.edge == ""
+    geo_cell.grid = {k: v for k, v in geo_cell.grid.items() if k[1] <= 10}
+    assert geo_cell.edge == "mult"       # without that step, the table would flag it
+    assert cells["gpt2.pre_ln"].setting == (3e-3, 1.0) and cells["gpt2.pre_ln"].edge == ""
+    fam = [r16.compare(cells[c], cells["gpt2.pre_ln"], DOCS) for c in part["primary"]]
+    r16.family(fam)
+    geo, peri = fam
+    tilt = 0.03 * sum(b * (d - 1) for d, b in enumerate(DOCS)) / sum(DOCS)
+    assert geo["paired"].mean == pytest.approx((-0.25 + tilt) / math.log(2), rel=1e-6)   # the gap, in bits per byte
+    assert geo["verdict"] == "gpt2.geonorm-normin ahead" and geo["holm"] == pytest.approx(2 * geo["paired"].p)
+    assert peri["verdict"] == "undecided" or peri["verdict"].startswith("equivalent")
+    assert geo["se_val"] > 0 and geo["pct"] == pytest.approx(100 * geo["paired"].mean / (
+        sum(cells["gpt2.pre_ln"].test.values()) / 4), rel=1e-9)
+    r16.report(study, runner.args.runs_root, tmp_path / "docs", "horizon16")
+    text = (tmp_path / "docs" / "horizon16" / "tables.md").read_text()
+    assert "### 16 tokens per parameter (primary horizon)" in text and "### 4 tokens per parameter (secondary" in text
+    assert "**Primary family (Holm over these)**" in text and "**Ablation family" in text
+    assert "| gpt2.geonorm-normin − gpt2.pre_ln | 4 |" in text
+
+
+def test_a_fresh_checkout_reports_from_the_published_rows(env, tmp_path):
+    import shutil
+
+    hz, study, part, runner = env
+    hz.run_part(runner, part)
+    from studies.horizon16 import report as r16
+
+    docs = tmp_path / "docs"
+    r16.report(study, runner.args.runs_root, docs, "horizon16")
+    before = (docs / "horizon16" / "tables.md").read_text()
+    shutil.rmtree(runner.args.runs_root)
+    r16.report(study, runner.args.runs_root, docs, "horizon16")
+    assert json.loads((docs / "horizon16" / "val_docs.json").read_text())["bytes"] == DOCS
+    assert (docs / "horizon16" / "tables.md").read_text() == before    # the same numbers, s.e. included
