@@ -125,7 +125,8 @@ def cell_table(cells: dict, tpp: float) -> list:
     lines = [f"Each cell at {tpp:g} tokens per parameter: its setting chosen on the selection seeds (mean bpb there), "
              "and its test seeds in bits per byte of the whole validation split (spikes of the loss, largest grad "
              "norm).", "",
-             "| cell | lr | scalar lr × | at the edge of | selection mean | test seeds (bpb) | mean | spikes | max grad norm |",
+             "| cell | lr | scalar lr × | at the edge of | selection mean | test seeds (bpb) | mean | spikes "
+             "| max grad norm |",
              "|---|---|---|---|---|---|---|---|---|"]
     for c in cells.values():
         if not c.setting:
