@@ -85,12 +85,17 @@ def plot_loss(groups: dict[str, list[runlib.Run]], out: Path, title: str, ema: f
               paper: dict | None) -> Path:
     fig, (ax_t, ax_v) = plt.subplots(1, 2, figsize=(11, 4.2))
     colors = group_colors(groups)
+    # validation in bits per byte (comparable across tokenizers) where every run recorded it and no paper curve,
+    # whose points are nats per token of its tokenizer, shares the panel; else nats per token
+    every = [r for runs in groups.values() for r in runs]
+    val_key = "val_bpb" if every and not paper and all(
+        e.get("val_bpb") is not None for r in every for e in r.evals) else "val_loss"
     seen_t, seen_v = [], []
     for label, runs in groups.items():
         c = colors[label]
         n = len(runs)
         name = f"{label} (n={n})" if n > 1 else label
-        for ax, kind, key, seen in ((ax_t, "train", "loss", seen_t), (ax_v, "evals", "val_loss", seen_v)):
+        for ax, kind, key, seen in ((ax_t, "train", "loss", seen_t), (ax_v, "evals", val_key, seen_v)):
             curves = [series(getattr(r, kind), key, ema if kind == "train" else 0.0) for r in runs]
             seen.extend(y for _, y in curves)
             b = band(curves)
@@ -125,9 +130,10 @@ def plot_loss(groups: dict[str, list[runlib.Run]], out: Path, title: str, ema: f
                               label=f"{label} (paper)")
     _ylim(ax_t, seen_t)
     _ylim(ax_v, seen_v)
-    for ax, t in ((ax_t, "train loss"), (ax_v, "validation loss")):
+    val_unit = "bits per byte" if val_key == "val_bpb" else "nats per token"
+    for ax, t, unit in ((ax_t, "train loss", "nats per token"), (ax_v, "validation loss", val_unit)):
         ax.set_xlabel("tokens")
-        ax.set_ylabel("loss")
+        ax.set_ylabel(f"loss ({unit})")
         ax.set_title(t + (" (| = loss spike, x = diverged)" if ax is ax_t else ""), fontsize=9)
         ax.grid(alpha=0.3)
     ax_v.legend(fontsize=7, ncol=2)

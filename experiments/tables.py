@@ -29,12 +29,15 @@ def build_rows(groups: dict[str, list[runlib.Run]], paper: dict | None) -> list[
         ok = [r for r in runs if not r.failed and r.final_val_loss is not None]
         loss_m, loss_s = mean_std([r.final_val_loss for r in ok])
         ppl_m, ppl_s = mean_std([r.final_val_ppl for r in ok])
+        bpb = [r.final_val_bpb for r in ok]
+        bpb_m, bpb_s = mean_std(bpb) if bpb and None not in bpb else (None, None)   # runs from before bpb: none
         summary = summarize([r.final_val_loss for r in ok])
         rows.append({
             "label": label, "n": len(runs), "seeds": [r.seed for r in runs],
             "values": list(summary.values), "ci": (summary.lo, summary.hi),
             "commits": sorted({str((r.summary or {}).get("commit") or "unrecorded") for r in runs}),
             "loss_mean": loss_m, "loss_std": loss_s, "ppl_mean": ppl_m, "ppl_std": ppl_s,
+            "bpb_mean": bpb_m, "bpb_std": bpb_s,
             "spikes_loss": sum(r.spike_count("loss") for r in runs),
             "spikes_grad_norm": sum(r.spike_count("grad_norm") for r in runs),
             "diverged": sum(r.diverged for r in runs),
@@ -56,18 +59,19 @@ def _num(m: float | None, s: float | None, digits: int, pm: str) -> str:
 
 def _cells(row: dict, paper: dict | None, pm: str, dagger: str) -> list[str]:
     if row["n"] == 0:
-        loss = ppl = "not run"
+        loss = ppl = bpb = "not run"
     elif row["loss_mean"] is None:
-        loss = ppl = "diverged" if row["diverged"] else ("failed" if row["failed"] else "—")
+        loss = ppl = bpb = "diverged" if row["diverged"] else ("failed" if row["failed"] else "—")
     else:
         mark = (dagger if row["failed"] else "") + ("*" if row["unfinished"] else "")
         loss = _num(row["loss_mean"], row["loss_std"], 4, pm) + mark
         ppl = _num(row["ppl_mean"], row["ppl_std"], 2, pm) + mark
+        bpb = _num(row.get("bpb_mean"), row.get("bpb_std"), 4, pm) + (mark if row.get("bpb_mean") is not None else "")
     div = f"{row['diverged']}/{row['n']}" if row["n"] else "—"
     fail = f"{row['failed']}/{row['n']}" if row["n"] else "—"
     lo, hi = row.get("ci", (None, None))
     per_seed = ", ".join(f"{v:.4f}" for v in row.get("values", [])) or "—"
-    cells = [row["label"], str(row["n"]), loss, per_seed, "—" if lo is None else f"[{lo:.4f}, {hi:.4f}]", ppl,
+    cells = [row["label"], str(row["n"]), loss, per_seed, "—" if lo is None else f"[{lo:.4f}, {hi:.4f}]", bpb, ppl,
              f"{row['spikes_loss']} / {row['spikes_grad_norm']}" if row["n"] else "—", div, fail,
              row.get("vs_best", "—")]
     if "best_value" in row:
@@ -139,18 +143,20 @@ def at_edge(value, by_value: dict) -> bool:
 
 
 def _header(paper: dict | None, best_over: str | None = None) -> list[str]:
-    h = ["variant", "seeds", "final val loss", "per seed", "95% CI", "val ppl", "spikes loss / grad", "diverged",
-         "failed", "vs best (Welch)"]
+    h = ["variant", "seeds", "final val loss", "per seed", "95% CI", "val bits per byte", "val ppl",
+         "spikes loss / grad", "diverged", "failed", "vs best (Welch)"]
     if best_over:
         h[1:1] = [f"best {best_over}", f"{best_over}: mean loss (common seeds)"]
     if paper is not None:
-        h.append(f"paper ({'val ppl' if paper.get('metric') == 'val_ppl' else 'val loss'})")
+        h.append(f"paper ({'val ppl' if paper.get('metric') == 'val_ppl' else 'val loss, its tokenizer'})")
     return h
 
 
 def _footnotes(rows: list[dict], paper: dict | None, setting: str | None) -> list[str]:
     notes = ["mean ± std over seeds (std needs ≥ 2 seeds); 95% CI: t interval of the mean; spikes summed over seeds. "
              "failed = diverged, or final val loss above the initial one.",
+             "final val loss: nats per token of the run's tokenizer; bits per byte: the same nats over the UTF-8 bytes "
+             "of the scored text, / ln 2 (comparable across tokenizers; — for runs recorded before it).",
              "vs best: Welch's t-test against the best row; 'ahead' only where p < 0.05, else 'not separated'."]
     if any(r.get("edge") for r in rows):
         notes.append("(edge): the best value is at the edge of what was tried; the row is not ranked until one "

@@ -124,7 +124,7 @@ def test_table_markdown_and_latex_files(study: Path, tmp_path: Path) -> None:
     post = next(ln for ln in md.splitlines() if ln.startswith("| post_ln"))
     assert "1/2" in post and "3.5500†" in post and "3.4855" in post
     assert "| deepnorm | 0 | not run" in md
-    assert "paper (val loss)" in md and "diverged" in md
+    assert "paper (val loss, its tokenizer)" in md and "diverged" in md and "| val bits per byte |" in md
     assert r"\toprule" in tex and r"pre\_ln" in tex and r"3.1500 $\pm$ 0.1414" in tex and "3.4040" in tex
 
 

@@ -198,3 +198,19 @@ def test_split_bytes_and_overlap(tmp_path):
     assert split_bytes([tmp_path / "train_000000.bin"], tok.token_bytes()) == sum(len(s.encode()) for s in train_docs)
     o = val_overlap([tmp_path / "train_000000.bin"], [tmp_path / "val_000000.bin"], tok)
     assert o["val_lines"] == 2 and o["in_train"] == 0.5
+
+
+def test_tables_show_bits_per_byte_and_old_runs_have_none(tmp_path):
+    from experiments import runs as runlib
+    from experiments.tables import build_rows, to_markdown
+
+    def run(seed, loss, bpb):
+        summary = {"final_val_loss": loss, "final_val_ppl": math.exp(loss), "steps": 10}
+        if bpb is not None:
+            summary["final_val_bpb"] = bpb
+        return runlib.Run(tmp_path / str(seed), {}, "pre_ln", seed, evals=[{"val_loss": 5.0}], summary=summary)
+
+    rows = build_rows({"pre_ln": [run(0, 2.0, 2.9), run(1, 2.2, 3.1)], "old": [run(0, 2.0, None)]}, None)
+    assert rows[0]["bpb_mean"] == pytest.approx(3.0) and rows[1]["bpb_mean"] is None
+    md = to_markdown(rows, None, None, None)
+    assert "| val bits per byte |" in md and "3.0000 ± 0.1414" in md
