@@ -51,6 +51,8 @@ class Cell:
         chosen = [_bpb(r) for r in rows if r["cell"] == cell and r["tpp"] == tpp and self.setting
                   and (r["lr"], r["mult"]) == self.setting and r["seed"] in sel]
         self.selection_bpb = statistics.fmean(chosen) if chosen else None
+        bpb_rows = [{**r, "val_loss": _bpb(r)} for r in rows if r["cell"] == cell and r["tpp"] == tpp]
+        self.grid_bpb = means(bpb_rows, cell, tpp, sel)   # the same choice: bpb is the loss times a constant
         self.runs = {r["seed"]: r for r in runs}
 
     @property
@@ -125,9 +127,9 @@ def cell_table(cells: dict, tpp: float) -> list:
     lines = [f"Each cell at {tpp:g} tokens per parameter: its setting chosen on the selection seeds (mean bpb there), "
              "and its test seeds in bits per byte of the whole validation split (spikes of the loss, largest grad "
              "norm).", "",
-             "| cell | lr | scalar lr × | at the edge of | selection mean | test seeds (bpb) | mean | spikes "
-             "| max grad norm |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| cell | lr | scalar lr × | at the edge of | selection mean | every setting tried (selection "
+             "seeds' mean) | test seeds | mean | spikes | max grad norm |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for c in cells.values():
         if not c.setting:
             continue
@@ -136,7 +138,10 @@ def cell_table(cells: dict, tpp: float) -> list:
         mean = statistics.fmean(c.test.values()) if c.test else None
         spikes = sum(r.get("spikes_loss", 0) for r in c.runs.values())
         gn = max((r.get("max_grad_norm") or 0 for r in c.runs.values()), default=None)
-        lines.append(f"| {c.name} | {lr:g} | {m:g} | {c.edge or '—'} | {_f(c.selection_bpb, '.4f')} | {seeds or '—'} | "
+        grid = ", ".join(f"{a:g}" + (f"×{b:g}" if b != 1 else "") + f": {v:.4f}"
+                         for (a, b), v in sorted(c.grid_bpb.items()))
+        lines.append(f"| {c.name} | {lr:g} | {m:g} | {c.edge or '—'} | {_f(c.selection_bpb, '.4f')} | {grid} | "
+                     f"{seeds or '—'} | "
                      f"{_f(mean, '.4f')} | {spikes} | {_f(gn, '.2f')} |")
     return lines + [""]
 
