@@ -103,3 +103,31 @@ def test_a_fresh_checkout_reports_from_the_published_rows(env, tmp_path):
     r16.report(study, runner.args.runs_root, docs, "horizon16")
     assert json.loads((docs / "horizon16" / "val_docs.json").read_text())["bytes"] == DOCS
     assert (docs / "horizon16" / "tables.md").read_text() == before    # the same numbers, s.e. included
+
+
+def test_test_runs_final_weights_are_kept_in_fp16_and_load_back(tmp_path):
+    import torch
+
+    from helpers import gpt_config
+    from model import GPT
+    from runtime import checkpoint as ck
+    from studies.horizon16 import report as r16
+
+    torch.manual_seed(0)
+    cfg = gpt_config("pre_ln", n_layer=1, n_head=2, n_embd=16, block_size=8, vocab_size=257)
+    model = GPT(cfg)
+    trunk = tmp_path / "runs" / "s" / "gpt2.pre_ln" / "lr0.003" / "s2"
+    state = {"step": 16, "model": model.state_dict(), "model_config": cfg.to_dict(), "tokenizer": "bytes",
+             "optimizer": {}, "scheduler": {}, "rng": {}, "loader": {}, "config": {}}
+    ck.save_checkpoint({**state, "format": ck.FORMAT, "version": ck.VERSION}, trunk / "trunk", 16, keep_last=1)
+    row = {"cell": "gpt2.pre_ln", "lr": 3e-3, "mult": 1.0, "seed": 2, "tpp": 16.0, "steps": 16, "commit": "abc",
+           "trunk": str(trunk)}
+    part = {"name": "p16", "horizons": [16], "primary_horizon": 16}
+    selection = {**row, "seed": 0}
+    assert r16.keep_weights([row, selection], part, tmp_path / "docs", [2]) == 1   # test seeds only
+    f = tmp_path / "docs" / "weights" / "p16" / "gpt2.pre_ln-lr0.003-m1-s2.pt"
+    assert r16.keep_weights([row], part, tmp_path / "docs", [2]) == 0              # kept once
+    back = r16.load_kept(f)
+    for k, v in model.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v.half().float() if v.is_floating_point() else v), k
+    assert torch.load(f, weights_only=True)["commit"] == "abc"

@@ -146,6 +146,47 @@ def cell_table(cells: dict, tpp: float) -> list:
     return lines + [""]
 
 
+def keep_weights(rows: list, part: dict, d: Path, test: list) -> int:
+    """The final weights of every test run at the part's primary horizon, in fp16 with the model's config,
+    under docs/<study>/weights/<part>/ (committed with the results: a better evaluation needs no retraining).
+    `load_kept` reads one back. Returns how many were written now."""
+    import torch
+
+    from runtime.checkpoint import find_latest, load_checkpoint
+
+    primary = float(part.get("primary_horizon", part["horizons"][-1]))
+    out, n = d / "weights" / part["name"], 0
+    for r in rows:
+        if r["tpp"] != primary or r["seed"] not in test or "#" in r["trunk"]:
+            continue
+        f = out / f"{r['cell']}-lr{r['lr']:g}-m{r['mult']:g}-s{r['seed']}.pt"
+        run = Path(r["trunk"]) / ("trunk" if r["steps"] == max_steps(rows, r) else f"h{r['steps']}")
+        ck = find_latest(run)
+        if f.is_file() or ck is None:
+            continue
+        state = load_checkpoint(ck)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(".tmp")
+        torch.save({"model_config": state["model_config"], "step": state.get("step"),
+                    "model": {k: v.half() if v.is_floating_point() else v for k, v in state["model"].items()},
+                    **{k: r[k] for k in ("cell", "lr", "mult", "seed", "tpp", "commit")}}, tmp)
+        tmp.replace(f)
+        n += 1
+    return n
+
+
+def load_kept(path):
+    """A kept test run's model (fp32, eval mode) from its fp16 weights."""
+    import torch
+
+    from model import GPT, GPTConfig
+
+    d = torch.load(path, map_location="cpu", weights_only=True)
+    model = GPT(GPTConfig.from_dict(d["model_config"]))
+    model.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in d["model"].items()})
+    return model.eval()
+
+
 def report(study, root: Path, docs: Path, experiment: str) -> None:
     d = docs / study.name
     d.mkdir(parents=True, exist_ok=True)
@@ -163,6 +204,7 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
             continue
         doc_bytes = _doc_bytes(rows, d)
         sel, test = list(study.seeds), list(part["test_seeds"])
+        keep_weights(rows, part, d, test)
         primary = float(part.get("primary_horizon", part["horizons"][-1]))
         train_s = sum(r["train_s"] or 0 for r in rows if r["steps"] == max_steps(rows, r))
         n_trunks = len({r["trunk"] for r in rows})
