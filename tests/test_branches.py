@@ -110,3 +110,37 @@ def test_a_relative_out_dir_is_where_the_caller_stands_not_the_checkout(tmp_path
     with pytest.raises(RuntimeError, match="stop here"):
         br.run(Path("rel/hz"), [12, 24], 0.25, [], warmup=2)
     assert seen == [f"out_dir={tmp_path.resolve() / 'rel' / 'hz' / 'trunk'}"]
+
+
+def _study_cells():
+    """Every cell of the studies that branch (horizon, horizon16): its overrides, once per distinct set."""
+    from experiments.study import Study
+
+    out = {}
+    for name in ("horizon", "horizon16"):
+        for cell, spec in Study.load(name).cells.items():
+            over = tuple(f"{k}={v}" for k, v in spec["overrides"].items())
+            out.setdefault(over, cell)
+    return [pytest.param(list(over), id=cell) for over, cell in out.items()]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("overrides", _study_cells())
+def test_every_study_cell_branches_bitwise(tmp_path, pydocs, overrides):
+    """The cooldown branch equals the direct wsd run for every variant a study branches (its learned scalars,
+    streams and mixing matrices resume exactly): the losses of its steps and its final weights, bitwise."""
+    from experiments import branches as br
+
+    common = [*overrides, "optim.warmup_steps=1", "train.eval_interval=3", "logging.stats_interval=3",
+              "train.keep_last=1", "model.n_layer=2"]
+    p = br.plan([6, 10], 0.5, warmup=1)
+    out = tmp_path / "hz"
+    train(make_cfg(tmp_path / "direct", *common, "optim.schedule=wsd", "optim.decay_frac=0.5", "train.max_steps=6"))
+    train(make_cfg(out / "trunk", *common, *without_out_dir(br.trunk_args(p, 0.5, out))))
+    train(make_cfg(out / "h6", *common, *without_out_dir(br.branch_args(6, p["branches"][6], 0.5, out))))
+    direct = {r["step"]: (r["loss"], r["grad_norm"]) for r in records(tmp_path / "direct", "train")}
+    got = {r["step"]: (r["loss"], r["grad_norm"]) for r in records(out / "h6", "train")}
+    assert sorted(got) == [4, 5, 6] and all(got[s] == direct[s] for s in got)
+    a, b = ck.load_checkpoint(ck.find_latest(tmp_path / "direct")), ck.load_checkpoint(ck.find_latest(out / "h6"))
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
