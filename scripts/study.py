@@ -10,7 +10,7 @@ study file holds and what each part kind runs).
                                                          # the same study on another setting (GPU users)
 With another experiment (`--experiment`) or any override, runs and tables go to runs/<study>-custom and its
 docs/, apart from the study's own runs (which would skip them as finished points) and docs/<study>/.
-Studies: axes, cpu, fidelity, horizon, methods, step_scale (docs/experiments.md).
+Studies: axes, cpu_study, fidelity, horizon, horizon16, methods, step_scale (docs/experiments.md).
 """
 from __future__ import annotations
 
