@@ -9,6 +9,7 @@ cell leaves idle while it waits for its last trunk goes to the next cell's trunk
              `seeds`; one more ladder point where a horizon's best is at the edge (`tune.edge_rounds`);
   scalars    cells with `scalar_lr_mults`: optim.groups.scalars.lr_mult at each of them, at every best lr;
              one more multiplier step up where a horizon's best is at the largest tried (`tune.edge_rounds`);
+             then the lr bracketed at a chosen multiplier above 1 as at x 1 (its ladder neighbours there);
   test       at each horizon's best setting (lowest mean over the selection seeds), the part's
              `test_seeds`, fresh: the reported numbers are not those the choice was made on.
 A part with `pick` runs those cells of its `of` part, the grid centred on their best lr there.
@@ -224,6 +225,24 @@ def run_part(runner, part: dict) -> None:
                     lr, m = best_setting(rs, cell, float(t), sel)
                     if m > 1.0 and m == max(r["mult"] for r in rs if r["lr"] == lr):
                         more.add((lr, m * ratio))
+                if not more:
+                    break
+                trunks([(cell, lr, m, s, "selection") for lr, m in sorted(more) for s in sel], i)
+            # ... and the lr at a chosen multiplier above 1, like the lr at x 1: where it is the only lr tried
+            # there or at the edge of those, its ladder neighbours at that multiplier
+            for _ in range(study.edge_rounds):
+                rs = rows()
+                more = set()
+                for t in part["horizons"]:
+                    lr, m = best_setting(rs, cell, float(t), sel)
+                    tried = sorted({r["lr"] for r in rs if r["mult"] == m})
+                    if m == 1.0:
+                        continue
+                    for up in (False, True):
+                        if lr == (tried[-1] if up else tried[0]):
+                            nxt = study.beyond(lr, up=up)
+                            if nxt is not None and nxt not in tried:
+                                more.add((nxt, m))
                 if not more:
                     break
                 trunks([(cell, lr, m, s, "selection") for lr, m in sorted(more) for s in sel], i)

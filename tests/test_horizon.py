@@ -64,8 +64,9 @@ def test_selection_brackets_tunes_the_scalar_lr_and_tests_on_fresh_seeds(study_e
     # the grid 1e-3, 3e-3, 1e-2 has its best at the edge: 3e-2 is added, and then the best is inside
     assert {lr for lr, _ in pre} == {1e-3, 3e-3, 1e-2, 3e-2} and {s for _, s in pre} == {0, 1}
     mhc_mults = {(lr, m) for c, lr, m, s, role in trained if c == "gpt2.mhc" and role == "selection" and m != 1}
-    # the scalar axis at mhc's best lr; its best (x 10) is the largest tried, so x 100 brackets it
-    assert mhc_mults == {(3e-3, 10.0), (3e-3, 100.0)}
+    # the scalar axis at mhc's best lr; its best (x 10) is the largest tried, so x 100 brackets it; and the lr
+    # at x 10, tried only at 3e-3, gets its ladder neighbours there
+    assert mhc_mults == {(3e-3, 10.0), (3e-3, 100.0), (1e-3, 10.0), (1e-2, 10.0)}
     tests = {(c, lr, m, s) for c, lr, m, s, role in trained if role == "test"}
     assert tests == {("gpt2.pre_ln", 1e-2, 1.0, s) for s in (2, 3, 4)} | {
         ("gpt2.mhc", 3e-3, 10.0, s) for s in (2, 3, 4)
