@@ -192,6 +192,58 @@ def test_host_syncs_per_step_fused_none_for_loop_one(monkeypatch, tmp_path):
 
 
 @pytest.mark.usefixtures("pydocs")
+def test_the_loop_syncs_only_at_log_eval_stats_and_checkpoint_steps(monkeypatch, tmp_path):
+    """Whole loop iterations on a simulated device: every host sync (a tensor read, or the interval timer's
+    device synchronize) is counted with the step it follows; none may fall inside a step or after a step
+    that logs, evaluates, records stats or checkpoints nothing."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from helpers import make_cfg
+    from runtime import distributed as D
+    from trainer.config import parse_run_config
+    from trainer.loop import Trainer
+
+    where = {"phase": "setup", "step": 0}
+    syncs = []
+
+    def note():
+        syncs.append((where["phase"], where["step"]))
+
+    step = Trainer.train_step
+
+    def tagged_step(self, s, *a):
+        where.update(phase="step", step=s)
+        try:
+            return step(self, s, *a)
+        finally:
+            where.update(phase="event", step=s)
+
+    monkeypatch.setattr(Trainer, "train_step", tagged_step)
+    monkeypatch.setattr(Trainer, "_device_sync", lambda self: note)   # the CUDA synchronize, simulated
+
+    class Count(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ == "_local_scalar_dense":
+                note()
+            return func(*args, **(kwargs or {}))
+
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: (note(), tolist(self))[1])
+    cfg = make_cfg(tmp_path, "optim.fused=true", "train.max_steps=12", "logging.log_interval=4",
+                   "train.eval_interval=6", "train.ckpt_interval=1000", "logging.stats_interval=1000")
+    t = Trainer(parse_run_config(cfg), D.init_distributed("cpu", precision=cfg.train.precision))
+    try:
+        t.setup()
+        where["phase"] = "event"
+        with Count():
+            t.run()
+    finally:
+        t.close()
+    assert not [s for phase, s in syncs if phase == "step"]          # a step itself never syncs
+    assert {s for phase, s in syncs if phase == "event"} <= {0, 4, 6, 8, 12}   # log, eval, the end
+
+
+@pytest.mark.usefixtures("pydocs")
 def test_for_loop_adamw_trains_like_fused_and_skips_nonfinite_steps(tmp_path):
     from helpers import make_cfg, records
     from trainer.loop import train

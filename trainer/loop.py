@@ -186,8 +186,7 @@ class Trainer(TrainerState):
             x, y = (t.to(self.device) for t in self.loader.get_batch(0, 0))  # step 1's first micro-batch
             self.log_stats(0, StatsInputs(x, y, {}, {}))  # the geometry at init, before any update
         self._wall0, self._step0 = time.perf_counter(), self.step  # for the ETA and the final summary
-        dev = self.device
-        timer = IntervalTimer(sync=(lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None)
+        timer = IntervalTimer(sync=self._device_sync())
         n_buf = 0
         while self.step < train_cfg.max_steps:
             s = self.step + 1  # the step being made; records use completed-step counts
@@ -217,17 +216,25 @@ class Trainer(TrainerState):
                 if signal_seen:
                     self._stop_signalled(s, signal_seen, result)
                     return self._finish(result, summary=False)
-            with timer.exclude():
-                if s % train_cfg.eval_interval == 0 or last:
-                    self.evaluate()
-                if last:
-                    self.evaluate_final()
-                if is_ckpt:
-                    result["checkpoint"] = str(self.save())
-                    if train_cfg.stop_at is not None and s >= train_cfg.stop_at and not last:
-                        result["stopped"] = "stop_at"
-                        return self._finish(result, summary=False)
+            is_eval = s % train_cfg.eval_interval == 0 or last
+            if is_eval or is_ckpt:  # excluded from the interval's time; its syncs only where it runs
+                with timer.exclude():
+                    if is_eval:
+                        self.evaluate()
+                    if last:
+                        self.evaluate_final()
+                    if is_ckpt:
+                        result["checkpoint"] = str(self.save())
+                if is_ckpt and train_cfg.stop_at is not None and s >= train_cfg.stop_at and not last:
+                    result["stopped"] = "stop_at"
+                    return self._finish(result, summary=False)
         return self._finish(result, summary=True)
+
+    def _device_sync(self):
+        """What the interval timer waits on at the ends of an excluded region and of an interval: the device's
+        queue on CUDA; nothing on the CPU, which runs the step synchronously."""
+        dev = self.device
+        return (lambda: torch.cuda.synchronize(dev)) if dev.type == "cuda" else None
 
     def _stop_diverged(self, s: int, consecutive: int, result: dict) -> None:
         """Too many non-finite steps in a row: evaluate, checkpoint, and end the run as diverged."""
