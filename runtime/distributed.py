@@ -181,8 +181,10 @@ def teardown() -> None:
 
 
 def barrier() -> None:
+    """Wait for every rank on the gloo group (WAIT_TIMEOUT): after a checkpoint save, which on a slow file
+    system can outlast the NCCL watchdog that a barrier on the default group would trip."""
     if dist.is_initialized():
-        dist.barrier()
+        dist.barrier(group=_wait_group)
 
 
 def all_reduce_(t: torch.Tensor, op: str = "sum") -> torch.Tensor:

@@ -359,3 +359,15 @@ def test_ranks_wait_for_rank0s_data_preparation_beyond_the_collective_timeout():
     assert "rank 0: prepared, 2" in out and "rank 1: found ready, 2" in out, out[-3000:]
     # the test's premise: the same wait on the default group fails
     assert "rank 1: default-group barrier failed" in out and code == 0, out[-3000:]
+
+
+def test_the_barrier_after_a_save_waits_on_the_gloo_group(monkeypatch):
+    """The default group's barrier is NCCL's on GPUs: a long checkpoint write would trip its watchdog."""
+    from runtime import distributed as D
+
+    seen = []
+    monkeypatch.setattr(D.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(D.dist, "barrier", lambda group=None: seen.append(group))
+    monkeypatch.setattr(D, "_wait_group", "the gloo wait group")
+    D.barrier()
+    assert seen == ["the gloo wait group"]

@@ -24,8 +24,8 @@ def env():
     return {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1"}
 
 
-def run_cli(args, **kw):
-    return subprocess.run(args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=240, **kw)
+def run_cli(args, timeout=240, **kw):
+    return subprocess.run(args, cwd=REPO, env=env(), capture_output=True, text=True, timeout=timeout, **kw)
 
 
 @pytest.mark.slow
@@ -229,6 +229,18 @@ def test_two_runs_started_together_into_one_run_dir(tmp_path):
     step = ck.load_checkpoint(ck.find_latest(tmp_path))["step"]
     assert [r["step"] for r in records(tmp_path, "eval")] == [0]  # one run's records only
     assert records(tmp_path, "train")[-1]["step"] == step
+
+
+@pytest.mark.slow
+def test_ranks_that_disagree_on_divergence_stop_together(tmp_path):
+    """A rank whose skipped-step counter alone reaches the limit used to stop and enter the eval and save
+    collectives by itself, leaving the other rank in its next step's gradient all-reduce: a hang."""
+    p = run_cli([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m",
+                 "tests.torchrun_scripts", "rank_disagrees", str(tmp_path / "run")], timeout=180)
+    out = p.stdout + p.stderr
+    assert p.returncode == 0, out[-3000:]
+    assert sorted(re.findall(r"rank (\d): diverged=True steps=(\d+)", out)) == [("0", "4"), ("1", "4")], out[-3000:]
+    assert out.count("consecutive non-finite steps were skipped") == 1      # one line, from rank 0
 
 
 @pytest.mark.slow

@@ -72,5 +72,27 @@ def one_rank_fails(task_dir):
     runtime.teardown()
 
 
+def rank_disagrees(run_dir):
+    """Rank 1 alone counts train.max_skipped skipped steps in a row from step 3 (its counter disagrees with
+    rank 0's): every rank must stop at the same logging step, diverged, with no collective left waiting."""
+    import os
+
+    from tests.helpers import make_cfg
+    from trainer.loop import Trainer, train
+
+    rank, step = int(os.environ["RANK"]), Trainer.train_step
+
+    def disagreeing(self, s, *a):
+        out = step(self, s, *a)
+        if rank == 1 and s >= 3:
+            self.consecutive.fill_(self.train_cfg.max_skipped)
+        return out
+
+    Trainer.train_step = disagreeing
+    res = train(make_cfg(run_dir, "train.max_steps=20", "train.max_skipped=3", "logging.log_interval=2",
+                         "logging.console=true"))
+    print(f"rank {rank}: diverged={res['diverged']} steps={res['steps']}", flush=True)
+
+
 if __name__ == "__main__":
-    {"wait": wait, "one_rank_fails": one_rank_fails}[sys.argv[1]](*sys.argv[2:])
+    {"wait": wait, "one_rank_fails": one_rank_fails, "rank_disagrees": rank_disagrees}[sys.argv[1]](*sys.argv[2:])
