@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from .config import GPTConfig
 from .init import initialise
 from .rope import rope_tables
+from .loss import linear_cross_entropy
 from .sublayers import KVCache
 from .variants import Variant, get_variant
 
@@ -83,10 +84,11 @@ class GPT(nn.Module):
 
     def forward(self, idx: torch.Tensor, targets: Optional[torch.Tensor] = None, *,
                 return_hidden: bool = False, kv_cache: Optional[KVCache] = None, last_only: bool = False,
-                sublayer_outputs: Optional[list] = None):
+                sublayer_outputs: Optional[list] = None, return_logits: bool = True):
         """Logits and loss. `return_hidden` adds the 2N+1 stream states (after the input step and after
         every sublayer); a list given as `sublayer_outputs` receives the 2N sublayer outputs F(.)
-        (model/geometry.py measures both)."""
+        (model/geometry.py measures both). `return_logits=False` with targets: the loss only, computed
+        head and cross-entropy together chunk by chunk (model/loss.py), logits None."""
         B, T = idx.shape
         start = kv_cache.pos if kv_cache is not None else 0
         if start + T > self.config.block_size:
@@ -103,9 +105,13 @@ class GPT(nn.Module):
         h = self.output_step(h)
         if last_only:
             h = h[:, -1:, :]
-        logits = self.lm_head(h)
         loss = None
-        if targets is not None:
+        if targets is not None and not return_logits:
+            logits = None
+            loss = linear_cross_entropy(h.flatten(0, 1), self.lm_head.loss_weight(), targets.reshape(-1))
+        else:
+            logits = self.lm_head(h)
+        if targets is not None and logits is not None:
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         if kv_cache is not None:
             kv_cache.pos += T

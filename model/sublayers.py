@@ -146,3 +146,7 @@ class LMHead(nn.Linear):
 
     def __init__(self, cfg: "GPTConfig"):
         super().__init__(cfg.n_embd, cfg.vocab_size, bias=False)
+
+    def loss_weight(self) -> torch.Tensor:
+        """The matrix whose product with the hidden states is the logits (model/loss.py takes it)."""
+        return self.weight

@@ -458,3 +458,43 @@ def test_a_checkpoint_config_of_the_flat_form_still_loads():
     assert not hasattr(c.norm, "alpha_init")  # SpheretNorm's key, stored flat but never read by GeoNorm
     older = {k: v for k, v in flat.items() if k not in ("sublayer_input", "target_angle")}  # before those keys
     assert GPTConfig.from_dict(older) == c    # the raw input GeoNorm had then, not today's default
+
+
+@pytest.mark.parametrize("norm,tie", [("pre_ln", True), ("pre_ln", False), ("ngpt", True)])
+def test_the_chunked_loss_equals_the_plain_loss_and_its_gradients(norm, tie, monkeypatch):
+    """model/loss.py in fp32: the same loss and gradients as cross-entropy over the full logits, with ignored
+    targets, several chunks, a tied or untied head and nGPT's scaled logits."""
+    import model.loss as ml
+    from helpers import gpt_config
+
+    monkeypatch.setattr(ml, "MAX_CHUNK_ELEMENTS", 257 * 7)        # 7 tokens a chunk: several chunks and a tail
+    torch.manual_seed(0)
+    m = GPT(gpt_config(norm, n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=257, tie_embeddings=tie))
+    x = torch.randint(0, 257, (3, 16))
+    y = torch.randint(0, 257, (3, 16))
+    y[0, :5] = -1
+    grads = []
+    for fused in (False, True):
+        m.zero_grad()
+        logits, loss = m(x, y, return_logits=not fused)
+        loss.backward()
+        assert (logits is None) == fused
+        grads.append((loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}))
+    (l0, g0), (l1, g1) = grads
+    assert torch.allclose(l0, l1, rtol=1e-6, atol=1e-6) and g0.keys() == g1.keys()
+    for k in g0:
+        assert torch.allclose(g0[k], g1[k], rtol=1e-5, atol=1e-7), k
+    with torch.no_grad():   # evaluation: the loss alone
+        assert torch.allclose(m(x, y, return_logits=False)[1], l0, rtol=1e-6)
+
+
+def test_the_chunked_loss_under_bf16_autocast_is_within_bf16_rounding():
+    from helpers import gpt_config
+
+    torch.manual_seed(0)
+    m = GPT(gpt_config("pre_ln", n_layer=1, n_head=2, n_embd=32, block_size=16, vocab_size=257))
+    x, y = torch.randint(0, 257, (2, 16)), torch.randint(0, 257, (2, 16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = m(x, y)[1]
+        fused = m(x, y, return_logits=False)[1]
+    assert abs(plain.item() - fused.item()) < 2e-2 * plain.item()

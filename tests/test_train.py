@@ -556,3 +556,14 @@ def test_eval_tokens_rounded_to_whole_sequences_is_said_once(tmp_path, caplog):
         train(make_cfg(tmp_path, "train.max_steps=1", "train.eval_tokens=20"))
     said = [r.getMessage() for r in caplog.records if "train.eval_tokens=20" in r.getMessage()]
     assert said == ["train.eval_tokens=20 is scored as 1 whole sequence(s) of 32 tokens = 32 tokens"]
+
+
+def test_the_fused_loss_trains_as_the_plain_loss(tmp_path):
+    """train.fused_loss=true (the CUDA default) on CPU: the same steps as the plain loss, up to fp32 rounding."""
+    for fused in ("false", "true"):
+        train(make_cfg(tmp_path / fused, "train.max_steps=4", f"train.fused_loss={fused}"))
+    a, b = (records(tmp_path / f, "train") for f in ("false", "true"))
+    assert [r["step"] for r in a] == [r["step"] for r in b] == [1, 2, 3, 4]
+    for ra, rb in zip(a, b):
+        assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5) and ra["grad_norm"] == pytest.approx(
+            rb["grad_norm"], rel=1e-4)

@@ -26,6 +26,9 @@ class TrainConfig:
     #: auto: bf16 on CUDA when supported, else fp32; fp16 with a GradScaler
     precision: Literal["auto", "bf16", "fp16", "fp32"] = "auto"
     compile: Literal["auto", True, False] = "auto"  # torch.compile (auto: on for CUDA)
+    #: the training loss from the head and cross-entropy chunk by chunk, never the batch's fp32 logits
+    #: (model/loss.py; auto: on for CUDA, where they cost GBs; the plain path on CPU)
+    fused_loss: Literal["auto", True, False] = "auto"
     deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise resume on CPU)
     threads: Optional[PosInt] = None      # CPU threads for torch (null: all cores); several CPU jobs at once: 1 each
     eval_interval: PosInt = 100           # steps between validation passes (also at step 0 and at the end)

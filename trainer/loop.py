@@ -95,6 +95,7 @@ class Trainer(TrainerState):
             log.warning("fp16 on CPU is slow and only useful for testing the GradScaler path")
         self.autocast = distributed.autocast(self.device, self.precision)
         self.use_compile = (self.device.type == "cuda") if train_cfg.compile == "auto" else train_cfg.compile
+        self.fused_loss = (self.device.type == "cuda") if train_cfg.fused_loss == "auto" else train_cfg.fused_loss
         distributed.configure_torch(self.device, train_cfg.threads, train_cfg.deterministic)
 
     def _prepare_data(self) -> None:
@@ -271,7 +272,7 @@ class Trainer(TrainerState):
             sync = self.ddp is None or micro == self.accum - 1
             with (contextlib.nullcontext() if sync else self.ddp.no_sync()):
                 with self.autocast():
-                    _, loss = self.train_model(x, y)
+                    _, loss = self.train_model(x, y, return_logits=not self.fused_loss)
                 loss_sum += loss.detach().float()
                 scaled = loss / self.accum
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()

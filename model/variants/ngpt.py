@@ -102,6 +102,10 @@ class NGPTHead(LMHead):
         logits = super().forward(h)
         return logits * self.s_z.value().to(logits.dtype)
 
+    def loss_weight(self):
+        # logits * s_z is h @ (s_z-scaled rows of W)^T: V x d multiplications instead of B*T x V
+        return self.weight * self.s_z.value()[:, None]
+
 
 @register("ngpt")
 class NGPT(Variant):
