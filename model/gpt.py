@@ -233,11 +233,12 @@ class GPT(nn.Module):
                     out[f"scalar/{mname}.{pname}" if mname else f"scalar/{pname}"] = p.detach().reshape(())
         return out
 
-    def flops_per_token(self, seq_len: Optional[int] = None) -> float:
-        """Training FLOPs per token (forward + backward), nanoGPT's estimate: 6N + 12 L d T.
+    def flops_per_token(self, seq_len: Optional[int] = None, causal: bool = False) -> float:
+        """Training FLOPs per token (forward + backward), nanoGPT's estimate: 6N + 12 L d T; `causal`:
+        llm.c's, 6N + 6 L d T (the attention matmuls over the causal half only).
 
         N counts every matmul weight (three MLP matrices for SwiGLU, the head when untied) but no
         position embedding; 12 L d T is the attention scores and values. RoPE, activations and norms
         are elementwise and left out, as in the PaLM/nanoGPT estimate."""
         cfg = self.config
-        return 6 * self.num_params() + 12 * cfg.n_layer * cfg.n_embd * (seq_len or cfg.block_size)
+        return 6 * self.num_params() + (6 if causal else 12) * cfg.n_layer * cfg.n_embd * (seq_len or cfg.block_size)

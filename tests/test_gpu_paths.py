@@ -371,3 +371,17 @@ def test_the_barrier_after_a_save_waits_on_the_gloo_group(monkeypatch):
     monkeypatch.setattr(D, "_wait_group", "the gloo wait group")
     D.barrier()
     assert seen == ["the gloo wait group"]
+
+
+def test_mfu_is_recorded_in_both_conventions():
+    from helpers import gpt_config
+    from model import GPT
+    from trainer.monitor import train_record
+
+    m = GPT(gpt_config("pre_ln", n_layer=2, n_head=2, n_embd=32, block_size=64, vocab_size=257))
+    full, causal = m.flops_per_token(), m.flops_per_token(causal=True)
+    assert full - causal == 6 * 2 * 32 * 64                      # the causal half of the attention matmuls
+    h = {"loss": [2.0], "loss_max": [2.0], "lr": [1e-3], "grad_norm": [1.0], "skipped": [0]}
+    r = train_record(10, 1000, h, elapsed=2.0, timed=4, world=1, flops_per_token=(full, causal), peak=1e9,
+                     spike_counts={})
+    assert r["mfu"] == pytest.approx(full * 2000 / 1e9) and r["mfu_causal"] == pytest.approx(causal * 2000 / 1e9)

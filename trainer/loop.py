@@ -72,7 +72,7 @@ class Trainer(TrainerState):
         if self.branched:  # another run's checkpoint (a cooldown branch): a run of its own from that step
             self.wandb_run_id, self.train_s_before, config_changed = None, 0.0, False
         self._wrap_model()
-        self.flops_per_token = float(self.model.flops_per_token())
+        self.flops_per_token = (float(self.model.flops_per_token()), float(self.model.flops_per_token(causal=True)))
         self.peak = peak_flops(self.device, self.precision)
         if self.dist.is_main:  # the run dir's config.yaml and the record sinks (trainer/sinks.py)
             self.sinks, self.wandb_run_id = open_run_sinks(

@@ -49,14 +49,18 @@ def validation_loss(model, val, autocast, device) -> float:
 
 
 def train_record(s: int, batch_tokens: int, h: dict, elapsed: float, timed: int, world: int,
-                 flops_per_token: float, peak: Optional[float], spike_counts: dict) -> dict:
+                 flops_per_token, peak: Optional[float], spike_counts: dict) -> dict:
     """The `train` record of a logging step from the host values `h` (read_host) of its interval:
-    `elapsed` seconds over `timed` steps (throughput and MFU null when none was timed)."""
+    `elapsed` seconds over `timed` steps (throughput and MFU null when none was timed). `flops_per_token`:
+    (nanoGPT's 6N + 12LdT, llm.c's causal 6N + 6LdT): `mfu` in the first convention, `mfu_causal` in the
+    second (a plain number: both)."""
+    fpt, fpt_causal = flops_per_token if isinstance(flops_per_token, tuple) else (flops_per_token,) * 2
     tps = timed * batch_tokens / max(elapsed, 1e-9) if timed else None
     return {"kind": "train", "step": s, "tokens": s * batch_tokens, "loss": _fmean(h["loss"]),
             "loss_max": _fmean(h["loss_max"]), "lr": h["lr"][0], "grad_norm": _fmean(h["grad_norm"]),
             "tokens_per_s": tps, "step_time": elapsed / timed if timed else None,
-            "mfu": mfu(flops_per_token, tps / world, peak) if timed else None,
+            "mfu": mfu(fpt, tps / world, peak) if timed else None,
+            "mfu_causal": mfu(fpt_causal, tps / world, peak) if timed else None,
             "skipped_steps": int(h["skipped"][0]), **spike_counts}
 
 

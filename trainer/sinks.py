@@ -124,7 +124,8 @@ class ConsoleSink(Sink):
                      f"{r['grad_norm']:.3g}"
                      + (f" | {r['tokens_per_s']:,.0f} tok/s | {1000 * r['step_time']:.0f} ms/step"
                         if r["tokens_per_s"] is not None else "")
-                     + (f" | mfu {100 * r['mfu']:.1f}%" if r["mfu"] is not None else "")
+                     + (f" | mfu {100 * r['mfu']:.1f}% (6N+12LdT), {100 * r['mfu_causal']:.1f}% (causal 6N+6LdT)"
+                        if r["mfu"] is not None else "")
                      + (f" | compile {r['compile_s']:.1f}s (first step, not in tok/s)" if "compile_s" in r else "")
                      + (f" | skipped {r['skipped_steps']}" if r["skipped_steps"] else "") + self._eta(r["step"]))
         elif r["kind"] == "eval":
