@@ -123,3 +123,19 @@ def test_loader_errors(shards, tmp_path):
         ValLoader(tmp_path / "nowhere", 2, T)
     with pytest.raises(DataError, match="too few for one sequence"):
         TrainLoader(shards, 2, 5000)
+
+
+def test_the_prefetcher_gives_the_loaders_batches_and_builds_the_next_one(shards):
+    from trainer.prefetch import Prefetcher
+
+    ld = TrainLoader(shards, 3, T, grad_accum=2, seed=5)
+    pf = Prefetcher(ld, accum=2, pin=False)
+    try:
+        for step, micro in [(0, 0), (0, 1), (1, 0), (1, 1), (7, 0), (7, 1), (2, 0)]:   # in order, then misses
+            x, y = pf.get(step, micro)
+            want = ld.get_batch(step, micro)
+            assert torch.equal(x, want[0]) and torch.equal(y, want[1])
+            nxt = (step, micro + 1) if micro == 0 else (step + 1, 0)
+            assert list(pf.pending) == [nxt]                     # the next one is being built
+    finally:
+        pf.close()

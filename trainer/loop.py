@@ -24,6 +24,7 @@ from .config import RunConfig, grad_accum_steps, parse_run_config
 from .monitor import (IntervalTimer, Spikes, StatsInputs, block_grad_norms, peak_flops, read_host, stats_values,
                       train_record)
 from .optim import LRSchedule, build_optimizer, for_variant
+from .prefetch import Prefetcher
 from .sinks import Sink, open_run_sinks, start_line, summary_record
 from .state import TrainerState
 
@@ -61,6 +62,9 @@ class Trainer(TrainerState):
         self.loader, self.val = run_data.loaders(self.data_dir, self.train_cfg, self.model_cfg.block_size, self.accum,
                                                  self.dist)
         self.token_bytes = run_data.token_bytes(self.tokenizer_name, self.device)
+        # on CUDA the next micro-batch is gathered and pinned on a thread while the GPU works (trainer/prefetch.py)
+        self.batches = (Prefetcher(self.loader, self.accum, pin=True)
+                        if self.device.type == "cuda" and not self.train_cfg.overfit_batch else None)
         self._init_run_state()
         config_changed = False
         if resume_ckpt is not None:  # warn about (or refuse) config changes, then load the run's state
@@ -265,9 +269,12 @@ class Trainer(TrainerState):
         batch_index = 0 if self.train_cfg.overfit_batch else s - 1
         loss_sum = torch.zeros((), device=dev)
         for micro in range(self.accum):
-            x, y = self.loader.get_batch(batch_index, micro)
-            if dev.type == "cuda":
-                x, y = x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
+            if self.batches is not None:  # CUDA: prefetched, pinned
+                x, y = (t.to(dev, non_blocking=True) for t in self.batches.get(batch_index, micro))
+            else:
+                x, y = self.loader.get_batch(batch_index, micro)
+                if dev.type == "cuda":
+                    x, y = x.pin_memory().to(dev, non_blocking=True), y.pin_memory().to(dev, non_blocking=True)
             # DDP: all-reduce gradients on the last micro-step only.
             sync = self.ddp is None or micro == self.accum - 1
             with (contextlib.nullcontext() if sync else self.ddp.no_sync()):
@@ -391,6 +398,8 @@ class Trainer(TrainerState):
         return self.train_s_before + time.perf_counter() - getattr(self, "_wall0", time.perf_counter())
 
     def close(self) -> None:
+        if getattr(self, "batches", None) is not None:
+            self.batches.close()
         self.stop.uninstall()
         if getattr(self, "lock", None) is not None:
             self.lock.release()
