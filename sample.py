@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 from common import ConfigError, report_user_errors
+from common.config import seed_arg
 
 PROGRESS_FROM = 2048  # new tokens from which a generation reports its progress
 
@@ -36,7 +37,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, default=1.0, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=1337)
+    p.add_argument("--seed", type=seed_arg, default=1337)
     p.add_argument("--crop-keep", type=int, default=None,
                    help="tokens kept when the context overflows block_size (default: block_size, as nanoGPT)")
     p.add_argument("--no-cache", action="store_true", help="recompute the whole window every token (slow; for checks)")

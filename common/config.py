@@ -41,6 +41,8 @@ class Range:
         if math.isinf(self.lo) and math.isinf(self.hi):
             return "must be a finite number"
         if math.isfinite(self.lo) and math.isfinite(self.hi):
+            if integer:  # exact bounds: 2**64 - 1 is not 1.84467e+19
+                return f"must be an integer in {self.ends[0]}{int(self.lo)}, {int(self.hi)}{self.ends[1]}"
             return f"must be in {self.ends[0]}{self.lo:g}, {self.hi:g}{self.ends[1]}"
         if integer:
             return "must be a positive integer" if self.lo == 1 else f"must be an integer >= {self.lo:g}"
@@ -50,6 +52,7 @@ class Range:
 
 PosInt = Annotated[int, Range(1)]                          # an integer >= 1
 NonNegInt = Annotated[int, Range(0)]                       # an integer >= 0
+Seed = Annotated[int, Range(0, 2 ** 64 - 1, note="(the range torch.manual_seed takes)")]  # a random seed
 Positive = Annotated[float, Range(0, math.inf, "()")]      # a finite number > 0
 NonNeg = Annotated[float, Range(0)]                        # a number >= 0 (.inf allowed)
 Finite = Annotated[float, Range(-math.inf, math.inf, "()")]  # a finite number
@@ -265,3 +268,16 @@ def field_docs(cls) -> dict:
             above = []
         docs.update(own)
     return docs
+
+
+def seed_arg(text: str) -> int:
+    """argparse type of a --seed: an integer in the range torch.manual_seed takes."""
+    import argparse
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if not 0 <= v <= 2 ** 64 - 1:
+        raise argparse.ArgumentTypeError(f"{v} is not in [0, {2 ** 64 - 1}] (the range torch.manual_seed takes)")
+    return v

@@ -11,7 +11,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from common import ConfigError
+from common import ConfigError, UserError
 
 from .launch import TORCH_NAMES, env_rank, precision_name  # noqa: F401  (env_rank: the rank before a process group exists)
 
@@ -128,15 +128,47 @@ def wait_group():
     return _wait_group
 
 
-def main_first(fn):
+class RankZeroFailed(UserError):
+    """Rank 0 failed in a step the other ranks were waiting on; its own error is printed above."""
+
+
+@contextlib.contextmanager
+def main_step(what: str):
+    """`with main_step("preparing the data"):` around work that rank 0 alone does while the others wait (on
+    the gloo group, up to WAIT_TIMEOUT). Rank 0 runs the body and tells the others whether it succeeded;
+    the other ranks skip the body and, if rank 0 failed, stop with one line naming the cause (RankZeroFailed,
+    exit 2) instead of a collective's traceback when rank 0's process goes. Use it as
+    `with main_step(w) as run: if run: ...`: `run` is True on rank 0 (and without a process group)."""
+    if not dist.is_initialized():
+        yield True
+        return
+    rank, box = dist.get_rank(), [None]
+    if rank == 0:
+        try:
+            yield True
+        except BaseException as e:
+            box[0] = type(e).__name__
+            dist.broadcast_object_list(box, src=0, group=_wait_group)
+            raise
+        dist.broadcast_object_list(box, src=0, group=_wait_group)
+        return
+    yield False
+    dist.broadcast_object_list(box, src=0, group=_wait_group)
+    if box[0] is not None:
+        raise RankZeroFailed(f"rank 0 failed while {what} ({box[0]}; its error is printed above); rank {rank} "
+                             "stops with it")
+
+
+def main_first(fn, what: str = "preparing the data"):
     """fn() on rank 0, then on the other ranks, which find rank 0's work done (data preparation:
     the others then only read the prepared files). They wait on the gloo group, up to WAIT_TIMEOUT:
-    a barrier on the default group would end the job after PG_TIMEOUT (NCCL's watchdog)."""
-    if not dist.is_initialized():
-        return fn()
-    out = fn() if dist.get_rank() == 0 else None
-    dist.barrier(group=_wait_group)
-    return out if dist.get_rank() == 0 else fn()
+    a barrier on the default group would end the job after PG_TIMEOUT (NCCL's watchdog). If rank 0
+    fails, each other rank stops with one line (main_step)."""
+    out = None
+    with main_step(what) as run:
+        if run:
+            out = fn()
+    return out if not dist.is_initialized() or dist.get_rank() == 0 else fn()
 
 
 def configure_torch(device: torch.device, threads=None, deterministic: bool = False) -> None:

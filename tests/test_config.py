@@ -361,3 +361,17 @@ def test_the_model_config_checks_init_and_norm_names_and_imports_torch_only_then
     assert out.splitlines() == ["unknown model.init='bogus': valid are nanogpt, fan_in",
                                 "unknown norm.kind='bogus': valid are layernorm, rmsnorm, derf",
                                 "unknown norm.embed_norm='bogus': valid are none, layer, scalenorm, scaled, unit"]
+
+
+def test_a_seed_is_bounded_at_torchs_range_on_every_entry_point():
+    import argparse
+
+    import torch
+
+    from common.config import seed_arg
+
+    assert seed_arg(str(2 ** 64 - 1)) == 2 ** 64 - 1
+    torch.Generator().manual_seed(2 ** 64 - 1)                      # the bound is torch's own
+    for bad_seed in (str(2 ** 64), "-1", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            seed_arg(bad_seed)

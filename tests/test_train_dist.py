@@ -129,6 +129,13 @@ def test_cli_bad_overrides_print_one_line(tmp_path):
         "error: bad config train.precision='fp8': valid: auto, bf16, fp16, fp32"
     p = run_cli([sys.executable, "train.py", f"out_dir={tmp_path}", "train.max_step=5"])  # Hydra: not in struct
     assert p.returncode != 0 and "train.max_step" in p.stderr
+    # an empty key (Hydra: a ValueError traceback) and a seed beyond torch's range (an overflow in manual_seed)
+    for arg, line in (("=1", "error: bad override '=1': the key before '=' is empty (write key=value, e.g. "
+                                "train.seed=1)"),
+                      ("train.seed=18446744073709551616", "error: bad config train.seed=18446744073709551616: must "
+                       "be an integer in [0, 18446744073709551615] (the range torch.manual_seed takes)")):
+        p = run_cli([sys.executable, "train.py", *TINY, f"out_dir={tmp_path}", arg])
+        assert p.returncode == 2 and p.stderr.strip().splitlines() == [line], p.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -229,6 +236,21 @@ def test_two_runs_started_together_into_one_run_dir(tmp_path):
     step = ck.load_checkpoint(ck.find_latest(tmp_path))["step"]
     assert [r["step"] for r in records(tmp_path, "eval")] == [0]  # one run's records only
     assert records(tmp_path, "train")[-1]["step"] == step
+
+
+@pytest.mark.slow
+def test_when_rank_0_fails_before_training_every_other_rank_says_so_in_one_line(tmp_path):
+    """Rank 0 fails preparing the data (a glob that matches nothing): rank 1, waiting for it, used to die in
+    the gloo barrier with a ~40-line traceback."""
+    p = run_cli([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+                 *TINY, "data=local", f"data.files={tmp_path}/nothing/*.jsonl", f"data.root={tmp_path}/data",
+                 f"out_dir={tmp_path / 'run'}"], timeout=180)
+    out = p.stdout + p.stderr
+    assert p.returncode != 0
+    assert "error: data.files: no file matches" in out, out[-3000:]
+    assert re.search(r"^error: rank 0 failed while preparing the data \(DataError; its error is printed above\); "
+                     r"rank 1 stops with it$", out, re.M), out[-3000:]
+    assert "[rank1]: Traceback" not in out and "exitcode  : 2" in out      # one line and exit 2, no traceback
 
 
 @pytest.mark.slow

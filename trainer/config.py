@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Annotated, Literal, Optional
 
 from omegaconf import DictConfig, OmegaConf
 
-from common.config import PosInt, Range, bad, build, check
+from common.config import PosInt, Range, Seed, bad, build, check
 
 from .optim_options import GroupConfig, GroupsConfig, OptimConfig, optim_config  # noqa: F401  (re-exported)
 
@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # parse_run_config imports them when it builds them
 
 @dataclass(frozen=True)
 class TrainConfig:
-    seed: int = 1337                      # set once; rank r uses a seed derived from (seed, r)
+    seed: Seed = 1337                     # set once; rank r uses a seed derived from (seed, r)
     max_steps: PosInt = 600               # optimizer steps in the whole run (the LR schedule spans them)
     batch_tokens: PosInt = 8192           # global batch in tokens (grad accumulation makes up the rest)
     micro_batch_size: PosInt = 16         # sequences per rank per forward/backward

@@ -117,6 +117,11 @@ def run_hydra(hydra_main) -> None:
     line and exit status 2 (HYDRA_FULL_ERROR=1 keeps Hydra's own report); the task reports its own."""
     from hydra.errors import ConfigCompositionException, OverrideParseException
 
+    for a in sys.argv[1:]:  # Hydra's own error for an empty key is a ValueError traceback ("... Got int")
+        if not a.startswith("-") and "=" in a and not a.split("=", 1)[0].lstrip("+~"):
+            print(f"error: bad override {a!r}: the key before '=' is empty (write key=value, e.g. train.seed=1)",
+                  file=sys.stderr)
+            raise SystemExit(2)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return hydra_main()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises the error instead of printing its report

@@ -78,11 +78,13 @@ class Trainer(TrainerState):
         self._wrap_model()
         self.flops_per_token = (float(self.model.flops_per_token()), float(self.model.flops_per_token(causal=True)))
         self.peak = peak_flops(self.device, self.precision)
-        if self.dist.is_main:  # the run dir's config.yaml and the record sinks (trainer/sinks.py)
-            self.sinks, self.wandb_run_id = open_run_sinks(
-                self.run_dir, self.run_cfg, self.step, resume_path is not None, config_changed, self.wandb_run_id
-            )
-            self.sinks.extend(self.extra_sinks)
+        with distributed.main_step("opening the run's records") as run:
+            if run:  # the run dir's config.yaml and the record sinks (trainer/sinks.py)
+                self.sinks, self.wandb_run_id = open_run_sinks(
+                    self.run_dir, self.run_cfg, self.step, resume_path is not None, config_changed,
+                    self.wandb_run_id
+                )
+                self.sinks.extend(self.extra_sinks)
         self.stop.install()
         if self.dist.is_main and self.log_cfg.console:
             t, m = self.train_cfg, self.model_cfg
@@ -166,9 +168,10 @@ class Trainer(TrainerState):
         """Rank 0 claims the run dir and decides (fresh, resume from which file, or error: trainer/resume.py);
         it tells the other ranks."""
         decision = None
-        if self.dist.is_main:
-            self.lock, error = resume.claim_run_dir(self.run_dir)
-            decision = ("error", error) if error else resume.decide(self.train_cfg, self.run_dir)
+        with distributed.main_step("claiming the run dir") as run:
+            if run:
+                self.lock, error = resume.claim_run_dir(self.run_dir)
+                decision = ("error", error) if error else resume.decide(self.train_cfg, self.run_dir)
         decision = distributed.broadcast_object(decision)
         if decision[0] == "error":
             raise ConfigError(decision[1])
