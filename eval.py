@@ -90,6 +90,14 @@ def evaluate(args) -> int:
             raise EvalConfigError(f"bad config eval.tasks: unknown task(s) {', '.join(unknown)} (in no lm-eval task "
                                   f"file{' nor under include_path' if cfg.include_path else ''})"
                                   + (f"; {close}" if close else "") + "; `lm-eval ls tasks` lists them")
+        from evaluation.harness import hub_unreachable
+
+        where = None if cfg.include_path else hub_unreachable()  # local task files may need no hub
+        if where:
+            raise EvalConfigError(
+                f"the Hugging Face hub ({where}) cannot be reached, so lm-eval's {len(cfg.tasks)} task(s) cannot fetch "
+                "their data: pass --tasks none for perplexity alone, or, with the tasks' datasets in a local cache, "
+                "set HF_DATASETS_OFFLINE=1 (and HF_HOME or HF_DATASETS_CACHE to that cache)")
     rt = runtime.init_distributed(cfg.device, "device", cfg.dtype)
     _, before = runtime.set_cpu_threads(cfg.threads, rt.device)
     try:

@@ -270,3 +270,22 @@ def run_tasks(lm: NanoLM, tasks, include_path=None, limit=None, num_fewshot=None
         if task in failures and lm.rank == 0:
             echo(f"task {task} failed, skipped: {failures[task]}")
     return results, failures
+
+
+def hub_unreachable(timeout: float = 3.0):
+    """None when lm-eval's tasks can fetch their data: the Hugging Face hub ($HF_ENDPOINT, default
+    huggingface.co) accepts a connection, or HF_DATASETS_OFFLINE / HF_HUB_OFFLINE says the data is in a local
+    cache; else "host:port", found in at most `timeout` seconds (once, instead of every task's retries)."""
+    import os
+    import socket
+    from urllib.parse import urlparse
+
+    if any(os.environ.get(k, "").lower() in ("1", "true", "yes") for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE")):
+        return None
+    url = urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return None
+    except OSError:
+        return f"{host}:{port}"

@@ -497,3 +497,27 @@ def test_eval_at_the_runs_eval_tokens_is_the_training_validation_loss(tmp_path, 
     rc, _, err = run_eval(capsys, run, "--tasks", "none")
     whole = json.loads((run / "eval" / "eval_00000003.json").read_text())["perplexity"]
     assert rc == 0 and whole["tokens"] > 512 and whole["loss"] != pytest.approx(val, rel=1e-6)
+
+
+def test_an_unreachable_hub_is_one_line_in_seconds_before_any_task(tmp_path, capsys, monkeypatch):
+    """eval.py with its default tasks and no network used to try the hub for each of 11 tasks, with retries
+    (307 s), and then report all 11 failed."""
+    import time
+
+    from helpers import make_cfg
+    from trainer.loop import train
+
+    run = tmp_path / "run"
+    train(make_cfg(run, "train.max_steps=1"))
+    for k in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")        # nothing listens there
+    t0 = time.time()
+    rc, _, err = run_eval(capsys, run)
+    assert rc == 2 and time.time() - t0 < 60
+    assert err.strip().splitlines()[-1].startswith("error: the Hugging Face hub (127.0.0.1:9) cannot be reached")
+    assert "--tasks none" in err and "HF_DATASETS_OFFLINE=1" in err and not (run / "eval").exists()
+    # with the data said to be in a local cache, the hub is not probed
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    from evaluation.harness import hub_unreachable
+    assert hub_unreachable() is None
