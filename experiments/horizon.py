@@ -11,7 +11,9 @@ cell leaves idle while it waits for its last trunk goes to the next cell's trunk
              one more multiplier step up where a horizon's best is at the largest tried (`tune.edge_rounds`);
              then the lr bracketed at a chosen multiplier above 1 as at x 1 (its ladder neighbours there);
   test       at each horizon's best setting (lowest mean over the selection seeds), the part's
-             `test_seeds`, fresh: the reported numbers are not those the choice was made on.
+             `test_seeds`, fresh: the reported numbers are not those the choice was made on. A part with a
+             `primary_horizon` tests at that horizon's best setting only; its other horizons are read from
+             the same test trunks (secondary readings at a setting chosen for the primary horizon).
 A part with `pick` runs those cells of its `of` part, the grid centred on their best lr there.
 Each trunk dir holds point.json (its cell, setting, seed and role) and horizons.json (per horizon: steps,
 tokens, final validation loss, training seconds): runs are read back from these, never from names.
@@ -247,7 +249,10 @@ def run_part(runner, part: dict) -> None:
                     break
                 trunks([(cell, lr, m, s, "selection") for lr, m in sorted(more) for s in sel], i)
         rs = rows()
-        settings = {best_setting(rs, cell, float(t), sel) for t in part["horizons"]}
+        # a part with a primary horizon tests at that horizon's choice only (the shorter horizons are read from
+        # the same test trunks' branches); otherwise each horizon's choice is tested
+        tested = [part["primary_horizon"]] if "primary_horizon" in part else part["horizons"]
+        settings = {best_setting(rs, cell, float(t), sel) for t in tested}
         trunks([(cell, lr, m, s, "test") for lr, m in sorted(settings) for s in test], i)
         print(f"### cell {cell} done", flush=True)
 

@@ -131,3 +131,24 @@ def test_test_runs_final_weights_are_kept_in_fp16_and_load_back(tmp_path):
     for k, v in model.state_dict().items():
         assert torch.equal(back.state_dict()[k], v.half().float() if v.is_floating_point() else v), k
     assert torch.load(f, weights_only=True)["commit"] == "abc"
+
+
+def test_test_runs_are_at_the_primary_horizons_choice_only(env, monkeypatch, tmp_path):
+    """Where the shorter horizon prefers another lr, no test trunk runs there: its reading comes from the
+    primary horizon's test trunks, and the report says at which setting."""
+    import sys
+
+    hz, study, part, runner = env
+    mod = sys.modules[__name__]
+    base = mod.fake
+    monkeypatch.setattr(mod, "fake", lambda c, lr, m, s, steps: [  # at 4 steps the best lr is 1.7e-3
+        v + 5000 * math.log10(lr / 1.7e-3) ** 2 * (steps == 4) for v in base(c, lr, m, s, steps)])
+    hz.run_part(runner, part)
+    rows = hz.collect(runner.args.runs_root, part)
+    assert hz.best_setting(rows, "gpt2.pre_ln", 4.0, [0, 1])[0] != hz.best_setting(rows, "gpt2.pre_ln", 16.0, [0, 1])[0]
+    tested = {(r["lr"], r["mult"]) for r in rows if r["cell"] == "gpt2.pre_ln" and r["seed"] >= 2}
+    assert tested == {hz.best_setting(rows, "gpt2.pre_ln", 16.0, [0, 1])}
+    from studies.horizon16 import report as r16
+    r16.report(study, runner.args.runs_root, tmp_path / "docs", "horizon16")
+    assert "### 4 tokens per parameter (secondary reading, at the settings chosen at 16)" in (
+        tmp_path / "docs" / "horizon16" / "tables.md").read_text()

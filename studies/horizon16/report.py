@@ -41,9 +41,11 @@ def max_steps(rows: list, r: dict) -> int:
 class Cell:
     """A cell at one horizon: its chosen setting (selection seeds), its test runs by seed."""
 
-    def __init__(self, rows: list, cell: str, tpp: float, sel: list, test: list):
+    def __init__(self, rows: list, cell: str, tpp: float, sel: list, test: list, chosen_at: float | None = None):
+        """`chosen_at`: the horizon whose selection chooses the setting (the part's primary horizon: its test
+        runs are there), else `tpp` itself."""
         self.name, self.tpp = cell, tpp
-        self.setting = best_setting(rows, cell, tpp, sel)
+        self.setting = best_setting(rows, cell, tpp if chosen_at is None else chosen_at, sel)
         self.grid = means(rows, cell, tpp, sel)
         runs = [r for r in rows if r["cell"] == cell and r["tpp"] == tpp and self.setting
                 and (r["lr"], r["mult"]) == self.setting and r["seed"] in test]
@@ -212,8 +214,8 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
                   f"{n_trunks} runs finished (trunks with their branches), {train_s / 3600:.1f} h of training time "
                   "summed over runs (two ran at a time).", ""]
         for t in sorted(float(h) for h in part["horizons"]):
-            cells = {c: Cell(rows, c, t, sel, test) for c in part["cells"]}
-            role = "primary horizon" if t == primary else "secondary reading"
+            cells = {c: Cell(rows, c, t, sel, test, chosen_at=primary) for c in part["cells"]}
+            role = "primary horizon" if t == primary else f"secondary reading, at the settings chosen at {primary:g}"
             lines += [f"### {t:g} tokens per parameter ({role})", ""] + cell_table(cells, t)
             ref = lambda c: cells.get(study.reference_of(c))  # noqa: E731
             fam = [compare(cells[c], ref(c), doc_bytes) for c in part.get("primary", [])
