@@ -19,7 +19,7 @@ from pathlib import Path
 import yaml
 
 from experiments import runs as runlib
-from common import children
+from common import UserError, children
 from common.children import GpuSlots
 from data.files import atomic_write, read_json, read_yaml, writable_dir
 
@@ -268,7 +268,12 @@ def run_local(jobs: list[tuple[dict, list[str]]], n_jobs: int, sweep_dir: Path, 
             if log:
                 log.close()
             rc = proc.returncode
-            print(f"# [{i + 1}/{len(jobs)}] {p['dir']}: " + ("done" if rc == 0 else f"failed (exit {rc})"), flush=True)
+            why = ""
+            if rc != 0 and log:  # its output went to its log: say why, and where the rest is
+                path = sweep_dir / p["dir"] / "sweep.log"
+                why = f": {_last_error(path)} (log {path})"
+            print(f"# [{i + 1}/{len(jobs)}] {p['dir']}: " + ("done" if rc == 0 else f"failed (exit {rc}){why}"),
+                  flush=True)
             if rc != 0 and not children.stopped():
                 failed.append(p["dir"])
     if children.stopped():
@@ -370,17 +375,28 @@ def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
     from experiments.cost import gpu_hours, gpu_name, run_cost
 
     register_code_configs()
-    bad, costs = [], []
+    bad, costs, data_seen = [], [], {}
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base=None):
         for p, cmd in jobs:
             overrides = cmd[next(i for i, c in enumerate(cmd) if c.endswith("train.py")) + 1:]
             try:
                 cfg = compose("config", overrides=overrides)
-                costs.append(run_cost(p["dir"], cfg, parse_run_config(cfg)))  # the model on the meta device
+                rc = parse_run_config(cfg)
+                costs.append(run_cost(p["dir"], cfg, rc))  # the model on the meta device
+                key = json.dumps(rc.data.content(), sort_keys=True, default=str)
+                if key not in data_seen:  # what points share (their data) is checked once
+                    data_seen[key] = _data_problem(rc.data)
+                if data_seen[key]:
+                    bad.append((p["dir"], data_seen[key]))
             except UserError as e:
                 bad.append((p["dir"], " ".join(str(e).split())))
             except HydraException as e:
                 bad.append((p["dir"], composition_error(e, overrides)))
+    shared = {msg for _, msg in bad}
+    if len(bad) > 1 and len(shared) == 1:  # every bad point for the same reason: one line, not one per point
+        print(f"error: all {len(bad)} point(s) to run share this problem, nothing started: {bad[0][1]}",
+              file=sys.stderr)
+        raise SystemExit(2)
     if costs and not bad:  # the cost before anything starts (experiments/cost.py)
         gpu = gpu_name(None)
         hours = sum(gpu_hours(c["flops"], gpu, c["precision"], COST_MFU) for c in costs)
@@ -393,6 +409,32 @@ def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
         print(f"error: {len(bad)} of {len(jobs)} point(s) cannot run, nothing started: {bad[0][0]}: {bad[0][1]}"
               + (" (the others are listed above)" if len(bad) > 1 else ""), file=sys.stderr)
         raise SystemExit(2)
+
+
+def _data_problem(data_cfg) -> str | None:
+    """What stops a point's data before it is prepared, found without the network: local files that match
+    nothing. None when nothing is wrong (or the data is prepared already)."""
+    from data.sources import resolve_files
+
+    if data_cfg.source != "local" or (data_cfg.out_dir / "meta.json").is_file():
+        return None
+    try:
+        for key in ("files", "val_files"):
+            if getattr(data_cfg, key):
+                resolve_files(key, getattr(data_cfg, key))
+    except UserError as e:
+        return " ".join(str(e).split())
+    return None
+
+
+def _last_error(log: Path) -> str:
+    """The line of a failed point's log that says why: its last `error:` line, else its last line."""
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    errors = [ln for ln in lines if ln.startswith("error:")]
+    return (errors or lines or [""])[-1][:300]
 
 
 def write_slurm(jobs: list[tuple[dict, list[str]]], args, sweep_dir: Path, sweep: str, points: list[dict]) -> int:

@@ -27,7 +27,7 @@ import yaml
 
 from experiments import paper_tables
 
-from common import ConfigError, report_user_errors
+from common import ConfigError, UserError, report_user_errors
 
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "paper_results.yaml"
@@ -56,6 +56,21 @@ def pairs(items: list[str], flag: str) -> dict:
             raise ConfigError(f"bad {flag} {it!r}: write DATA=VALUE (DATA a data config name, e.g. pile_books3)")
         out[k] = v
     return out
+
+
+def check_files(files: dict, read: set) -> None:
+    """Every --files name is a data config some row of the table reads, and its glob matches a file: checked
+    once, before the cost and before any sweep starts (each row's points would otherwise fail on it)."""
+    from data.sources import resolve_files
+
+    for name, pattern in files.items():
+        if name not in read:
+            raise ConfigError(f"bad --files {name}={pattern}: no row of this table reads data config {name!r} (its "
+                              f"rows read: {', '.join(sorted(read))})")
+        try:
+            resolve_files("files", [pattern])
+        except UserError as e:
+            raise ConfigError(f"bad --files {name}={pattern}: {' '.join(str(e).split())}") from None
 
 
 def sweep_commands(spec: dict, args, plans: dict, files: dict, stand: dict) -> list[list[str]]:
@@ -138,6 +153,7 @@ def main(argv=None) -> int:
     gpu = gpu_name(args.gpu)
     files = pairs(args.files, "--files")
     plans = {row: plan_row(row, args.overrides, stand, files) for row in spec["rows"]}
+    check_files(files, {plans[row]["data"] for row in spec["rows"]})
     print(render_cost(spec, plans, gpu, args.mfu), flush=True)
     cmds = sweep_commands(spec, args, plans, files, stand)
     for cmd in cmds:

@@ -201,3 +201,27 @@ def test_data_preparation_uses_the_jobs_cores_and_spawns_once_a_process_group_is
     assert prep.start_method() == "fork"
     monkeypatch.setattr("torch.distributed.is_initialized", lambda: True)
     assert prep.start_method() == "spawn"
+
+
+def test_a_failed_point_says_why_and_where_its_log_is(tmp_path):
+    script = tmp_path / "failing_python"
+    script.write_text("#!/bin/bash\necho 'some progress'\necho 'error: data.files: no file matches x' >&2\nexit 2\n")
+    script.chmod(0o755)
+    root = tmp_path / "runs"
+    p = subprocess.run(sweep_cmd(script, root, "--jobs", "2"), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1
+    log = root / "t" / "pre_ln-s0" / "sweep.log"
+    assert f"pre_ln-s0: failed (exit 2): error: data.files: no file matches x (log {log})" in p.stdout, p.stdout
+
+
+def test_what_every_point_shares_is_checked_once_before_anything_starts(tmp_path):
+    """A data glob that matches nothing used to launch six points that each failed on it."""
+    root = tmp_path / "runs"
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "sweep.py"), "--experiment", "geonorm_125m_books3_512",
+                        "--jobs", "8", "--runs-root", str(root), "--", f"data.files={tmp_path}/books3/*.jsonl",
+                        f"data.root={tmp_path}/data"], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 2
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"error: all 6 point(s) to run share this problem, nothing started: data.files: no file matches "
+        f"'{tmp_path}/books3/*.jsonl'"), p.stderr[-2000:]
+    assert not root.exists() or not any(root.rglob("sweep.log"))
