@@ -126,6 +126,13 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
         raise EvalConfigError(f"bad config eval.stride={cfg.stride}: must be at most the model's block_size="
                               f"{model.config.block_size} (tokens scored per window)")
     tokenizer = get_tokenizer(ckpt["tokenizer"])
+    from evaluation.report import check_out
+    from runtime.distributed import main_step
+
+    with main_step("checking --out") as run:  # before any work: a file of other results is refused, not replaced
+        if run:
+            check_out(cfg.out or default_out(ckpt_path, ckpt["step"]), ckpt_path, ckpt["step"],
+                      ckpt.get("wandb_run_id"))
     echo(
         f"eval: {ckpt_path} (step {ckpt['step']}, norm {model.config.norm.name}, "
         f"{model.num_params() / 1e6:.2f}M params) "
@@ -174,7 +181,8 @@ def _evaluate(cfg, ckpt_path: Path, rt) -> int:
                 + (f" ({out} keeps its earlier results)" if out.exists() else "")
             )
         else:
-            echo(f"wrote {write_merged(out, payload)} (merged with its earlier results for this checkpoint)")
+            path, merged = write_merged(out, payload)
+            echo(f"wrote {path}" + (" (merged with its earlier results for this checkpoint)" if merged else ""))
             if cfg.wandb and log_wandb(ckpt, run_dir_of(ckpt_path), payload):
                 echo(f"logged to wandb run {ckpt['wandb_run_id']}")
         if failed:

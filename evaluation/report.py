@@ -19,6 +19,33 @@ def write_json(path, payload: dict) -> Path:
     return atomic_write(path, json.dumps(payload, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def _identity(p: dict) -> tuple:
+    """The same checkpoint: same file, step and training run (however the path was given)."""
+    return (str(Path(p["checkpoint"]).resolve()), p["step"], p.get("wandb_run_id"))
+
+
+def check_out(path, checkpoint, step: int, wandb_run_id) -> bool:
+    """Whether `path` already holds results of this checkpoint (to be merged); False when it does not exist.
+    A file of another checkpoint's results, or one that is no eval.py result, is refused in one line: its
+    results are never replaced."""
+    from .config import EvalConfigError
+
+    path = Path(path)
+    if not path.is_file():
+        return False
+    try:
+        old = read_json(path)
+        held = _identity(old)
+    except Exception:  # noqa: BLE001  (not JSON, or JSON without a checkpoint: not ours to overwrite)
+        raise EvalConfigError(f"--out {path} exists and is not an eval.py result file: it is left as it is; pass "
+                              "another --out") from None
+    if held != _identity({"checkpoint": checkpoint, "step": step, "wandb_run_id": wandb_run_id}):
+        raise EvalConfigError(f"--out {path} holds the results of another checkpoint ({old['checkpoint']}, step "
+                              f"{old['step']}): they are kept; pass another --out (the default, "
+                              "<run dir>/eval/eval_<step>.json, is one file per checkpoint)")
+    return True
+
+
 def merge_results(path, new: dict) -> dict:
     """`new` (one eval.py invocation) merged into what `path` already holds for the same checkpoint, so
     successive evaluations keep every result: a task's newest result wins, a failure never replaces a
@@ -28,12 +55,9 @@ def merge_results(path, new: dict) -> dict:
            "perplexity": new.get("perplexity"), "tasks": sorted(new.get("tasks") or {}),
            "failed_tasks": new.get("failed_tasks") or {}, "time_s": new.get("time_s")}
     path = Path(path)
-    old = read_json(path) if path.is_file() else None
-    def same(p):  # the same checkpoint: same file, step and training run (however the path was given)
-        return (str(Path(p["checkpoint"]).resolve()), p["step"], p.get("wandb_run_id"))
-
-    if not old or same(old) != same(new):
+    if not check_out(path, new["checkpoint"], new["step"], new.get("wandb_run_id")):
         return {**new, "runs": [run]}
+    old = read_json(path)
     earlier = old.get("runs") or [
         {
             "eval_config": old.get("eval_config"),
@@ -51,15 +75,16 @@ def merge_results(path, new: dict) -> dict:
     return merged
 
 
-def write_merged(path, payload: dict) -> Path:
+def write_merged(path, payload: dict) -> tuple[Path, bool]:
     """merge_results + write_json, under an exclusive lock on the directory (two eval.py at once on one
-    checkpoint must not lose each other's results)."""
+    checkpoint must not lose each other's results). Returns (the path, whether earlier results were merged)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path.parent, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
-        return write_json(path, merge_results(path, payload))
+        merged = path.is_file()
+        return write_json(path, merge_results(path, payload)), merged
     finally:
         os.close(fd)  # drops the lock
 

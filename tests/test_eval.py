@@ -521,3 +521,28 @@ def test_an_unreachable_hub_is_one_line_in_seconds_before_any_task(tmp_path, cap
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     from evaluation.harness import hub_unreachable
     assert hub_unreachable() is None
+
+
+def test_out_never_replaces_another_checkpoints_results_or_a_foreign_file(tmp_path, capsys):
+    """--out onto another checkpoint's eval file used to replace its results (and say 'merged'); onto a JSON
+    that is no eval result, a KeyError traceback."""
+    from helpers import make_cfg
+    from trainer.loop import train
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(make_cfg(a, "train.max_steps=2"))
+    train(make_cfg(b, "train.max_steps=3"))
+    rc, _, err = run_eval(capsys, a, "--tasks", "none", "--token-budget", "512")
+    assert rc == 0 and "merged" not in err                                        # a first write merges nothing
+    rc, _, err = run_eval(capsys, a, "--tasks", "none", "--token-budget", "1024")
+    assert rc == 0 and "(merged with its earlier results for this checkpoint)" in err
+    target = a / "eval" / "eval_00000002.json"
+    before = target.read_text()
+    rc, _, err = run_eval(capsys, b, "--tasks", "none", "--token-budget", "512", "--out", target)
+    assert rc == 2 and err.strip().splitlines()[-1].startswith(f"error: --out {target} holds the results of another "
+                                                               "checkpoint")
+    assert target.read_text() == before                                             # kept, untouched
+    foreign = tmp_path / "notes.json"
+    foreign.write_text('{"a": 1}\n')
+    rc, _, err = run_eval(capsys, b, "--tasks", "none", "--out", foreign)
+    assert rc == 2 and "is not an eval.py result file" in err and foreign.read_text() == '{"a": 1}\n'
