@@ -12,12 +12,13 @@ def env_rank() -> int:
 
 
 def hydra_argv_for_rank(argv: list[str], rank: int) -> list[str]:
-    """Only rank 0 writes Hydra's files (.hydra/, train.log) in the shared run dir.
+    """Hydra writes nothing into the run dir: no .hydra/ and no train.log file handler at start-up, on any
+    rank. A refused command (a bad value, a run dir another process holds) must leave a run's records as they
+    were; rank 0 writes both itself once the config is accepted and the run dir's lock is held
+    (trainer/sinks.py: open_run_sinks). `rank` is kept for callers; every rank gets the same arguments.
 
     The run dir itself comes from `out_dir` (no timestamps), so every rank resolves the same path.
     """
-    if rank == 0:
-        return argv
     extra = ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
     return argv + [a for a in extra if a.split("=")[0] not in {x.split("=")[0] for x in argv}]
 

@@ -271,3 +271,31 @@ def test_divergence_is_reported_once(tmp_path):
                  "train.inject_nan_steps=100", "train.max_skipped=3", f"out_dir={tmp_path}"])
     assert p.returncode == 0, p.stderr[-2000:]
     assert (p.stdout + p.stderr).count("consecutive non-finite steps were skipped") == 1
+
+
+@pytest.mark.slow
+def test_a_refused_command_writes_nothing_into_the_run_dir(tmp_path):
+    """A refused train.py (a bad value; a run the resume finds complete) used to rewrite the run's Hydra record
+    (.hydra/overrides.yaml with the refused override), its train.log and its config.yaml; an empty out_dir
+    trained into the current directory."""
+    run = tmp_path / "run"
+    p = run_cli([sys.executable, "train.py", *TINY, "train.max_steps=3", "logging.console=true", f"out_dir={run}"])
+    assert p.returncode == 0, p.stderr[-2000:]
+    files = [run / ".hydra" / n for n in ("config.yaml", "hydra.yaml", "overrides.yaml")]
+    files += [run / "train.log", run / "config.yaml", run / "metrics.jsonl"]
+    before = {f: f.read_bytes() for f in files}
+    assert b"train.max_steps=3" in before[run / ".hydra" / "overrides.yaml"] and before[run / "train.log"]
+    p = run_cli([sys.executable, "train.py", *TINY, "train.max_steps=0", f"out_dir={run}"])
+    assert p.returncode == 2 and "train.max_steps=0" in p.stderr
+    assert {f: f.read_bytes() for f in files} == before
+    p = run_cli([sys.executable, "train.py", *TINY, "train.max_steps=2", "train.resume=auto", "logging.console=true",
+                 f"out_dir={run}"])
+    assert p.returncode == 0 and "already complete" in p.stdout + p.stderr
+    log = run / "train.log"   # the run's log gains the line that says so; every record stays as it was
+    assert log.read_bytes().startswith(before.pop(log)) and b"already complete" in log.read_bytes()
+    assert {f: f.read_bytes() for f in files if f != log} == before
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    p = subprocess.run([sys.executable, str(REPO / "train.py"), *TINY, "out_dir=", "train.max_steps=1"], cwd=cwd,
+                       env=env(), capture_output=True, text=True, timeout=240)
+    assert p.returncode == 2 and "bad config out_dir=''" in p.stderr and not any(cwd.iterdir())

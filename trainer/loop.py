@@ -186,11 +186,13 @@ class Trainer(TrainerState):
     def run(self) -> dict:
         train_cfg, log_cfg = self.train_cfg, self.log_cfg
         result = {"run_dir": str(self.run_dir), "stopped": None, "diverged": False}
-        if self.step >= train_cfg.max_steps and self.dist.is_main:
-            log.warning(
-                f"run {self.run_dir} is already complete (step {self.step}, train.max_steps={train_cfg.max_steps}); "
-                f"to train further, pass a larger train.max_steps with train.resume=auto"
-            )
+        if self.step >= train_cfg.max_steps and self.step > 0:  # nothing to train: its records stay as they are
+            if self.dist.is_main:
+                log.warning(f"run {self.run_dir} is already complete (step {self.step}, train.max_steps="
+                            f"{train_cfg.max_steps}); nothing trained and nothing rewritten; to train further, pass a "
+                            "larger train.max_steps with train.resume=auto")
+            result["steps"] = self.step
+            return result
         if self.step == 0:
             self.evaluate()
             x, y = (t.to(self.device) for t in self.loader.get_batch(0, 0))  # step 1's first micro-batch

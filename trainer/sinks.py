@@ -202,15 +202,54 @@ def summary_record(step: int, batch_tokens: int, last_val: Optional[float], best
             "norm": norm, "seed": seed, "wall_s": wall_s, "train_s": train_s, "commit": code_commit()}
 
 
+class FileLog(logging.FileHandler):
+    """<run dir>/train.log: the console's lines, appended, from the moment the run dir is claimed."""
+
+    def __init__(self, run_dir: Path):
+        super().__init__(run_dir / "train.log", mode="a", encoding="utf-8")
+        self.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+        logging.getLogger().addHandler(self)
+
+    def log(self, record: dict) -> None:  # a sink by its interface: its records reach it through logging
+        pass
+
+    def close(self) -> None:
+        logging.getLogger().removeHandler(self)
+        super().close()
+
+
+def write_hydra_record(run_dir: Path, resolved: dict) -> None:
+    """<run dir>/.hydra/{config,hydra,overrides}.yaml, as Hydra would write them, written here once the run is
+    accepted (Hydra's own writing is off: it came before any check). Nothing outside a Hydra app."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import OmegaConf
+
+    if not HydraConfig.initialized():
+        return
+    hc = HydraConfig.get()
+    d = run_dir / ".hydra"
+    d.mkdir(exist_ok=True)
+    atomic_write(d / "config.yaml", OmegaConf.to_yaml(OmegaConf.create(resolved)))
+    atomic_write(d / "hydra.yaml", OmegaConf.to_yaml(OmegaConf.create({"hydra": hc})))
+    atomic_write(d / "overrides.yaml", OmegaConf.to_yaml(OmegaConf.create(list(hc.overrides.task))))
+
+
 def open_run_sinks(run_dir: Path, run_cfg, step: int, resumed: bool, config_changed: bool,
                    wandb_run_id: Optional[str]) -> tuple[list, Optional[str]]:
-    """Rank 0 at the start of a run: config.yaml (a changed config on resume keeps the old one beside it
-    as config_until_<step>.yaml), metrics.jsonl cut back to `step` on resume, and the sinks: metrics.jsonl,
+    """Rank 0 at the start of a run, with the run dir claimed: config.yaml and .hydra/ (a changed config on
+    resume keeps the old one beside it as config_until_<step>.yaml; a resume with nothing to train leaves
+    them as they are), metrics.jsonl cut back to `step` on resume, and the sinks: metrics.jsonl, train.log,
     wandb unless disabled, the console if `logging.console`. Returns (sinks, wandb run id)."""
     from omegaconf import OmegaConf
 
     log_cfg, train_cfg, resolved = run_cfg.logging, run_cfg.train, run_cfg.composed
     run_dir.mkdir(parents=True, exist_ok=True)
+    file_log = FileLog(run_dir)
+    if resumed and step >= train_cfg.max_steps:  # nothing will train: the records describe what ran
+        sinks = [file_log] + ([ConsoleSink(run_dir, train_cfg.max_steps, train_cfg.batch_tokens, step, resumed,
+                                           None)] if log_cfg.console else [])
+        return sinks, wandb_run_id
+    write_hydra_record(run_dir, resolved)
     cfg_path = run_dir / "config.yaml"
     if config_changed and cfg_path.is_file():  # the config the steps so far ran with stays beside the new one
         kept = run_dir / f"config_until_{step:08d}.yaml"
@@ -221,7 +260,7 @@ def open_run_sinks(run_dir: Path, run_cfg, step: int, resumed: bool, config_chan
     metrics = run_dir / "metrics.jsonl"
     if resumed:
         truncate_jsonl(metrics, step)
-    sinks, wandb = [JsonlSink(metrics)], None
+    sinks, wandb = [JsonlSink(metrics), file_log], None
     if log_cfg.wandb.mode != "disabled":
         wandb = WandbSink(log_cfg.wandb, str(run_cfg.run_name), run_dir, resolved, wandb_run_id)
         wandb_run_id = wandb.run_id
