@@ -567,3 +567,31 @@ def test_the_fused_loss_trains_as_the_plain_loss(tmp_path):
     for ra, rb in zip(a, b):
         assert ra["loss"] == pytest.approx(rb["loss"], rel=1e-5) and ra["grad_norm"] == pytest.approx(
             rb["grad_norm"], rel=1e-4)
+
+
+def test_what_a_variant_fixes_is_said_and_recorded(tmp_path, caplog):
+    """norm=ngpt trains without weight decay and warmup whatever the user gave: config.yaml used to keep the
+    user's values while the run ignored them."""
+    import yaml
+
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        train(make_cfg(tmp_path, "norm=ngpt", "optim.weight_decay=0.1", "optim.warmup_steps=2", "train.max_steps=1"))
+    assert any("norm=ngpt fixes optim.weight_decay=0.0 (given 0.1), optim.warmup_steps=0 (given 2)" in m
+               for m in caplog.messages)
+    optim = yaml.safe_load((tmp_path / "config.yaml").read_text())["optim"]
+    assert optim["weight_decay"] == 0.0 and optim["warmup_steps"] == 0
+    assert all(g["weight_decay"] == 0.0 for g in optim["groups"].values() if "weight_decay" in g)
+
+
+def test_a_sweep_dir_and_a_fault_after_the_last_step_are_refused(tmp_path):
+    from common import ConfigError
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "sweep.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"out_dir .*sweep is a sweep directory \(it holds sweep.json\)"):
+        train(make_cfg(sweep, "train.resume=auto", "train.max_steps=1"))
+    assert sorted(p.name for p in sweep.iterdir()) == ["sweep.json"]
+    with pytest.raises(ConfigError, match=r"train.inject_nan_at=100: is after the run's last step \(train.max_steps"
+                                          r"=3\): it would inject nothing"):
+        train(make_cfg(tmp_path / "r", "train.max_steps=3", "train.inject_nan_at=100"))

@@ -120,6 +120,9 @@ def parse_run_config(cfg: DictConfig) -> RunConfig:
         vocab = get_tokenizer(data.tokenizer).vocab_size if data is not None else 1
         model = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=vocab)
     composed = OmegaConf.to_container(cfg, resolve=True)
+    if train.inject_nan_at is not None and train.inject_nan_at > train.max_steps:
+        bad("train.inject_nan_at", train.inject_nan_at, f"is after the run's last step (train.max_steps="
+                                                        f"{train.max_steps}): it would inject nothing")
     if "out_dir" in composed and not str(composed["out_dir"] or "").strip():
         bad("out_dir", composed["out_dir"], "is empty: give the run dir (default runs/<run_name>), not the current "
                                             "directory")

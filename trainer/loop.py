@@ -118,8 +118,22 @@ class Trainer(TrainerState):
         checkpoint.seed_all(train_cfg.seed)
         self.model = GPT(self.model_cfg).to(self.device)
         checkpoint.seed_all(checkpoint.rank_seed(train_cfg.seed, self.dist.rank))
-        # what the variant fixes (nGPT: no decay, no warmup)
-        self.optim_cfg = for_variant(self.optim_cfg, self.model.variant)
+        # what the variant fixes (nGPT: no decay, no warmup): said at start, and recorded in config.yaml
+        fixed = for_variant(self.optim_cfg, self.model.variant)
+        changed = {k: (getattr(self.optim_cfg, k), getattr(fixed, k)) for k in ("weight_decay", "warmup_steps")
+                   if getattr(self.optim_cfg, k) != getattr(fixed, k)}
+        if changed:
+            if self.dist.is_main:
+                log.warning(f"norm={self.model_cfg.norm.name} fixes " + ", ".join(
+                    f"optim.{k}={new} (given {old})" for k, (old, new) in changed.items())
+                    + ": it trains without them; config.yaml records what runs")
+            optim = self.run_cfg.composed.get("optim")
+            if isinstance(optim, dict):
+                optim.update({k: new for k, (_, new) in changed.items()})
+                for g in (optim.get("groups") or {}).values():
+                    if isinstance(g, dict) and "weight_decay" in changed and "weight_decay" in g:
+                        g["weight_decay"] = changed["weight_decay"][1]
+        self.optim_cfg = fixed
         self.opt = build_optimizer(self.model, self.optim_cfg, self.device)
         self.sched = LRSchedule(self.optim_cfg, train_cfg.max_steps)
         # the last update (max_steps - 1) is still inside the warmup

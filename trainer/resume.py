@@ -39,6 +39,9 @@ def claim_run_dir(run_dir: Path) -> tuple["RunDirLock", Optional[str]]:
         writable_dir(run_dir, "out_dir")
     except NotWritable as e:
         return None, str(e)
+    if (run_dir / "sweep.json").is_file():  # a run inside it would hide the sweep's points from its tables
+        return None, (f"out_dir {run_dir} is a sweep directory (it holds sweep.json), not a run dir: give one of "
+                      "its points' dirs, or another out_dir")
     ck = ckpt_dir(run_dir)
     if ck.exists() and not ck.is_dir():  # not created here: a refused run must leave the dir as it found it
         return None, f"{ck} is a file, not a directory (chosen by out_dir): move it away or choose another location"
