@@ -247,6 +247,8 @@ def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
         if old.get(k) != v:
             raise DataError(f"{out} was prepared with data.{k}={old.get(k)!r}, not {v!r}: delete it, or set "
                             f"data.name (or data.root) to prepare elsewhere")
+    if cfg.source == "local":
+        _check_local_inputs(cfg, out, meta)
     got = [st.get("sha256") for k, st in sorted(meta.get("source", {}).items()) if k.startswith("stream")]
     if cfg.sha256 is not None and got != [cfg.sha256]:
         raise DataError(f"{out} holds a corpus with sha256 {', '.join(map(str, got)) or 'unrecorded'}, not "
@@ -260,6 +262,25 @@ def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
             if verify and sh["sha256"] and sha256_file(f) != sh["sha256"]:
                 raise DataError(f"{f}: sha256 does not match {meta_path}; delete {out} to prepare again")
     return True
+
+
+def _check_local_inputs(cfg: DataConfig, out: Path, meta: dict) -> None:
+    """A prepared dir of local files is reused only while its globs match the same files, unchanged (size and,
+    where recorded, modification time): a file added or edited under the glob is another corpus."""
+    from .sources import local_inputs
+
+    was = {f["path"]: f for st in meta.get("source", {}).values() if isinstance(st, dict)
+           for f in st.get("files", [])}
+    now = {f["path"]: f for fs in local_inputs(cfg).values() for f in fs}
+    added, gone = sorted(set(now) - set(was), key=str), sorted(set(was) - set(now), key=str)
+    changed = sorted((p for p in set(now) & set(was) if now[p]["bytes"] != was[p]["bytes"]
+                      or was[p].get("mtime_ns", now[p]["mtime_ns"]) != now[p]["mtime_ns"]), key=str)
+    if added or gone or changed:
+        what = "; ".join(f"{n} {label} (e.g. {xs[0]})" for n, label, xs in
+                         ((len(added), "added", added), (len(gone), "gone", gone), (len(changed), "changed", changed))
+                         if xs)
+        raise DataError(f"{out} was prepared from other files than data.files matches now ({what}): prepare it "
+                        "again with `python -m data.prepare ... --force` (or delete it), or set data.name to keep both")
 
 
 def prepare_dataset(cfg, *, force: bool = False, verify: bool = False, progress: bool | None = None) -> Path:

@@ -421,11 +421,20 @@ def _hf_streams(cfg: DataConfig) -> list[Stream]:
     return streams
 
 
-def _local_streams(cfg: DataConfig) -> list[Stream]:
-    import datasets
+def local_inputs(cfg: DataConfig) -> dict:
+    """{split: [{"path", "bytes", "mtime_ns"}]} of the files data.files (and data.val_files) match now: what a
+    prepared dir records, and what its reuse compares against (a file added under the glob, or changed)."""
     files = {"train": resolve_files("files", cfg.files)}
     if cfg.val_files:
         files["validation"] = resolve_files("val_files", cfg.val_files)
+    return {k: [{"path": f, "bytes": os.stat(f).st_size, "mtime_ns": os.stat(f).st_mtime_ns} for f in v]
+            for k, v in files.items()}
+
+
+def _local_streams(cfg: DataConfig) -> list[Stream]:
+    import datasets
+    inputs = local_inputs(cfg)
+    files = {k: [f["path"] for f in v] for k, v in inputs.items()}
     builders = {k: _builder_for("files" if k == "train" else "val_files", v) for k, v in files.items()}
     if len(set(builders.values())) > 1:
         raise DataError("data.val_files: must be the same file type as data.files")
@@ -435,8 +444,7 @@ def _local_streams(cfg: DataConfig) -> list[Stream]:
     for split, out_split in (("train", "train" if cfg.val_files else None), ("validation", "val")):
         if split not in files:
             continue
-        info = {"builder": builder, "datasets": datasets.__version__,
-                "files": [{"path": f, "bytes": os.path.getsize(f)} for f in files[split]]}
+        info = {"builder": builder, "datasets": datasets.__version__, "files": inputs[split]}
         label = f"{builder} files {cfg.files if split == 'train' else cfg.val_files}"
         ds, cols = _load(cfg, builder, split, label, data_files=files, **kw), None
         if cfg.pile_set_name:

@@ -591,3 +591,30 @@ def test_pg19_stand_in_reads_its_hub_layout_through_the_hub_path(tmp_path):
     out = prepare_dataset(DataConfig.from_any(d), progress=False)
     train, val = split_texts(out, "train"), split_texts(out, "val")
     assert len(train) == 12 and len(val) == 3 and all(t.startswith("validation book") for t in val)
+
+
+def test_a_changed_local_corpus_is_not_reused(tmp_path):
+    """A file added under the same data.files glob used to be ignored: the old shards were reused silently."""
+    import os
+
+    from data import prepare_dataset
+    from data.config import DataConfig
+    from data.errors import DataError
+
+    src = tmp_path / "src"
+    src.mkdir()
+    for i in range(3):
+        (src / f"d{i}.txt").write_text(f"document number {i} " * 200)
+    cfg = DataConfig.from_any({"name": "mine", "source": "local", "files": [str(src / "*.txt")],
+                               "root": str(tmp_path / "data"), "val_fraction": 0.34, "val_min_tokens": 16})
+    out = prepare_dataset(cfg, progress=False)
+    assert prepare_dataset(cfg, progress=False) == out                   # unchanged: reused
+    (src / "d3.txt").write_text("a new document " * 100)
+    with pytest.raises(DataError, match=r"prepared from other files than data.files matches now \(1 added"):
+        prepare_dataset(cfg, progress=False)
+    (src / "d3.txt").unlink()
+    os.utime(src / "d1.txt", ns=(1, 1))                                   # edited (its time moved)
+    with pytest.raises(DataError, match=r"\(1 changed"):
+        prepare_dataset(cfg, progress=False)
+    assert prepare_dataset(cfg, force=True, progress=False) == out        # --force prepares it again
+    assert prepare_dataset(cfg, progress=False) == out
