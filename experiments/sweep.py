@@ -90,6 +90,8 @@ def load_points(path) -> dict:
         raise SystemExit(f"--points {path}: {e.strerror}") from None
     if not all(isinstance(v, (dict, type(None))) for v in points.values()):
         raise SystemExit(f"--points {path}: expected a mapping label -> {{key: value}}")
+    if not points:
+        raise SystemExit(f"--points {path}: no points (the file is empty): a mapping label -> {{key: value}}")
     return points
 
 

@@ -46,9 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.out:
+        if Path(args.out).is_dir():
+            raise SystemExit(f"--out {args.out} is a directory: give a file name (e.g. {Path(args.out) / 'table.md'})")
         report_user_errors(writable_dir, Path(args.out).parent, "--out")
     group_by = [k for k in args.group_by.split(",") if k]
     runs = [runlib.load_run(p, group_by) for p in runlib.find_runs(args.runs)]
+    missing = object()
+    for key in group_by:  # a key no run has would label every row (key=None)
+        if runs and all(runlib.get_key(r.config, key, missing) is missing for r in runs):
+            raise SystemExit(f"--group-by {key}: no run's config.yaml has that key (e.g. norm.decay, optim.lr)")
     meta = runlib.experiment_meta(runs)
     setting = args.paper_setting or meta.get("paper_setting")
     if setting == "none":

@@ -189,6 +189,21 @@ def test_make_table_best_over_a_key_no_run_has_is_refused(tmp_path, load_script)
     with pytest.raises(SystemExit, match=r"--best-over nokey.x: no run's config.yaml has that key"):
         make_table.main([str(tmp_path / "sw"), "--best-over", "nokey.x"])
     assert make_table.main([str(tmp_path / "sw"), "--best-over", "optim.lr"]) == 0
+    # a --group-by key no run has used to label every row (key=None); --out at a directory wrote <dir>.md
+    with pytest.raises(SystemExit, match=r"--group-by nope.key: no run's config.yaml has that key"):
+        make_table.main([str(tmp_path / "sw"), "--group-by", "nope.key"])
+    with pytest.raises(SystemExit, match=r"--out .* is a directory: give a file name"):
+        make_table.main([str(tmp_path / "sw"), "--out", str(tmp_path)])
+    assert not (tmp_path.parent / f"{tmp_path.name}.md").exists()
+
+
+def test_an_empty_points_file_is_refused(tmp_path, load_script):
+    """It used to plan '0 points' and exit 0."""
+    sweep = load_script("sweep")
+    empty = tmp_path / "points.yaml"
+    empty.write_text("")
+    with pytest.raises(SystemExit, match=r"--points .*points.yaml: no points \(the file is empty\)"):
+        sweep.main(["--points", str(empty), "--name", "t", "--runs-root", str(tmp_path), "--dry-run"])
 
 
 def test_data_preparation_uses_the_jobs_cores_and_spawns_once_a_process_group_is_up(monkeypatch):
