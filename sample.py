@@ -74,6 +74,12 @@ def sample(args) -> int:
     if precision_name(args.dtype) is None:
         raise ConfigError(f"--dtype={args.dtype}: valid: {', '.join(PRECISION_CHOICES)}")
     prompt = args.prompt
+    try:  # argv bytes that are not UTF-8 arrive as surrogates, which no tokenizer can encode
+        prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raw = prompt.encode("utf-8", "surrogateescape")
+        raise ConfigError(f"--prompt {raw!r} is not valid UTF-8 text: pass text, or a UTF-8 file with "
+                          "--prompt-file") from None
     if args.prompt_file:
         try:
             prompt = Path(args.prompt_file).read_text()

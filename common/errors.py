@@ -43,6 +43,19 @@ def environment_message(e: BaseException) -> "str | None":
     return None
 
 
+def interpolation_line(e: BaseException) -> str | None:
+    """One line for an OmegaConf error (an interpolation that cannot resolve: ${nope}, ${oc.env:UNSET}), naming
+    the command-line arguments that carry one; None for any other exception."""
+    import sys
+
+    if not type(e).__module__.startswith("omegaconf"):
+        return None
+    given = [a for a in sys.argv[1:] if "${" in a]
+    where = f"in {', '.join(given)}" if given else f"at {getattr(e, 'full_key', None) or 'the config'}"
+    msg = (str(getattr(e, "msg", None) or e).strip().splitlines() or [""])[0]  # not its full_key lines
+    return f"bad interpolation {where}: {msg}"
+
+
 def report_user_errors(fn, *args, **kwargs):
     """Run an entry point: a UserError, or a file-system fault of the machine (environment_message), becomes
     one line on stderr and exit status 2; any other exception is a bug and propagates with its traceback.
@@ -60,4 +73,10 @@ def report_user_errors(fn, *args, **kwargs):
         if msg is None:
             raise
         print(f"error: {msg}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except Exception as e:
+        line = interpolation_line(e)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -48,8 +48,8 @@ def check_generate_args(block_size: int, prompt_len: int, max_new_tokens: int, t
                          f"(block_size={block_size}); shorten it")
     if max_new_tokens < 0:
         raise ConfigError(f"max_new_tokens={max_new_tokens}: must be >= 0")
-    if not temperature >= 0:
-        raise ConfigError(f"temperature={temperature}: must be >= 0 (0 = greedy)")
+    if not 0 <= temperature < float("inf"):  # inf divides every logit to 0: uniform noise, not a sample
+        raise ConfigError(f"temperature={temperature}: must be a finite number >= 0 (0 = greedy)")
     if top_k is not None and top_k < 1:
         raise ConfigError(f"top_k={top_k}: must be >= 1 or unset")
     if top_p is not None and not 0 < top_p <= 1:

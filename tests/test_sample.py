@@ -160,3 +160,13 @@ def test_generation_past_the_context_says_what_happens_and_shows_progress(tmp_pa
     assert "re-encoded once every 9 tokens" in err
     rc, _, err = run_sample(capsys, ckpt, "--prompt", "Hi", "--max-new-tokens", "10")
     assert rc == 0 and "exceed the context" not in err and "new tokens (" not in err  # short: no notes
+
+
+def test_a_non_utf8_prompt_an_infinite_temperature_and_a_huge_seed_are_one_line(tmp_path, capsys):
+    ckpt = save_ckpt(tmp_path / "ckpt.pt", tiny_model())
+    bad_prompt = b"\xff\xfe".decode("utf-8", "surrogateescape")     # how argv delivers bytes that are not UTF-8
+    for argv, expect in (([ckpt, "--prompt", bad_prompt], "is not valid UTF-8 text"),
+                         ([ckpt, "--temperature", "inf"], "must be a finite number >= 0"),
+                         ([ckpt, "--seed", "99999999999999999999"], "the range torch.manual_seed takes")):
+        rc, _, err = run_sample(capsys, *argv, "--max-new-tokens", "2")
+        assert rc == 2 and expect in err and "Traceback" not in err, err

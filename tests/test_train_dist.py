@@ -136,6 +136,14 @@ def test_cli_bad_overrides_print_one_line(tmp_path):
                        "be an integer in [0, 18446744073709551615] (the range torch.manual_seed takes)")):
         p = run_cli([sys.executable, "train.py", *TINY, f"out_dir={tmp_path}", arg])
         assert p.returncode == 2 and p.stderr.strip().splitlines() == [line], p.stderr[-2000:]
+    # interpolations that cannot resolve (OmegaConf tracebacks before)
+    for arg, line in (("run_name=${nope}", "error: bad interpolation in run_name=${nope}: Interpolation key 'nope' "
+                                           "not found"),
+                      ("optim.lr=${oc.env:NANONORM_UNSET_VAR}", "error: bad interpolation in optim.lr=${oc.env:"
+                       "NANONORM_UNSET_VAR}: KeyError raised while resolving interpolation: \"Environment variable "
+                       "'NANONORM_UNSET_VAR' not found\"")):
+        p = run_cli([sys.executable, "train.py", *TINY, f"out_dir={tmp_path}", arg])
+        assert p.returncode == 2 and p.stderr.strip().splitlines() == [line], p.stderr[-2000:]
 
 
 @pytest.mark.slow

@@ -125,8 +125,15 @@ def run_hydra(hydra_main) -> None:
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return hydra_main()
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises the error instead of printing its report
+    from omegaconf.errors import OmegaConfBaseException
+
     try:
         hydra_main()
+    except OmegaConfBaseException as e:  # an interpolation that cannot resolve (${nope}, ${oc.env:UNSET})
+        from common.errors import interpolation_line
+
+        print(f"error: {interpolation_line(e)}", file=sys.stderr)
+        raise SystemExit(2) from None
     except (ConfigCompositionException, OverrideParseException) as e:
         from hydra import initialize_config_dir
         from hydra.core.global_hydra import GlobalHydra
