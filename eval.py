@@ -64,6 +64,9 @@ def main(argv=None) -> int:
 
     add_flags(parser)
     args = parser.parse_args(argv)
+    from common.errors import set_interrupt_note
+
+    set_interrupt_note("nothing was written for this evaluation (earlier results are kept); rerun it")
     return report_user_errors(evaluate, args)  # bad input: one line and exit 2; bugs keep their traceback
 
 

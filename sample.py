@@ -55,6 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    from common.errors import set_interrupt_note
+
+    set_interrupt_note("the samples printed so far are all there is")
     return report_user_errors(sample, args)  # bad input: one line and exit 2; bugs keep their traceback
 
 

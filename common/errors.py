@@ -43,6 +43,15 @@ def environment_message(e: BaseException) -> "str | None":
     return None
 
 
+# what an entry point keeps when Ctrl-C stops it, said in its one line (set_interrupt_note)
+_INTERRUPT_NOTE = ["nothing was written"]
+
+
+def set_interrupt_note(note: str) -> None:
+    """What this entry point keeps if Ctrl-C stops it, and how to resume: the end of report_user_errors' line."""
+    _INTERRUPT_NOTE[0] = note
+
+
 def interpolation_line(e: BaseException) -> str | None:
     """One line for an OmegaConf error (an interpolation that cannot resolve: ${nope}, ${oc.env:UNSET}), naming
     the command-line arguments that carry one; None for any other exception."""
@@ -65,6 +74,9 @@ def report_user_errors(fn, *args, **kwargs):
 
     try:
         return fn(*args, **kwargs)
+    except KeyboardInterrupt:  # Ctrl-C: what was kept, not where Python was
+        print(f"interrupted (Ctrl-C): {_INTERRUPT_NOTE[0]}", file=sys.stderr)
+        raise SystemExit(130) from None
     except UserError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         raise SystemExit(2) from None

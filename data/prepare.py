@@ -616,6 +616,10 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         print(f"error: unknown flag {sorted(bad)[0]}; valid: --force, --verify", file=sys.stderr)
         return 2
+    from common.errors import set_interrupt_note
+
+    set_interrupt_note("the shards finished so far are kept; rerun the same command to resume from the last "
+                       "progress checkpoint")
     cfg = report_user_errors(compose_data_config, [a for a in argv if not a.startswith("--")])
     out = report_user_errors(prepare_dataset, cfg, force="--force" in flags, verify="--verify" in flags)
     meta = read_json(out / "meta.json")

@@ -55,5 +55,8 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     from common import report_user_errors
+    from common.errors import set_interrupt_note
 
+    set_interrupt_note("the running train.py saved a checkpoint; rerun the same command to resume the trunk and "
+                       "its branches")
     sys.exit(report_user_errors(main))

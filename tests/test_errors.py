@@ -57,3 +57,20 @@ def test_perplexity_is_exp_of_the_loss_clamped_where_it_would_overflow():
 
     assert perplexity(2.0) == math.exp(2.0) and perplexity(None) is None
     assert perplexity(800.0) == math.inf and math.isnan(perplexity(math.nan))
+
+
+def test_ctrl_c_in_an_entry_point_is_one_line_saying_what_was_kept(capsys):
+    """A KeyboardInterrupt traceback used to be what eval.py, sample.py, data.prepare and branches.py left."""
+    from common.errors import report_user_errors, set_interrupt_note
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    set_interrupt_note("the shards finished so far are kept; rerun to resume")
+    try:
+        with pytest.raises(SystemExit) as e:
+            report_user_errors(interrupted)
+    finally:
+        set_interrupt_note("nothing was written")
+    err = capsys.readouterr().err
+    assert e.value.code == 130 and err == "interrupted (Ctrl-C): the shards finished so far are kept; rerun to resume\n"
