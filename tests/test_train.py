@@ -595,3 +595,14 @@ def test_a_sweep_dir_and_a_fault_after_the_last_step_are_refused(tmp_path):
     with pytest.raises(ConfigError, match=r"train.inject_nan_at=100: is after the run's last step \(train.max_steps"
                                           r"=3\): it would inject nothing"):
         train(make_cfg(tmp_path / "r", "train.max_steps=3", "train.inject_nan_at=100"))
+
+
+def test_wandb_online_without_a_login_is_one_line_before_any_data(tmp_path, monkeypatch):
+    from common import ConfigError
+
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no_netrc"))
+    with pytest.raises(ConfigError, match=r"logging.wandb.mode=online needs a wandb API key .* run `wandb login`, "
+                                          r"or set WANDB_API_KEY, or pass logging.wandb.mode=offline"):
+        train(make_cfg(tmp_path / "r", "logging.wandb.mode=online", "data.name=never_prepared"))
+    assert not (tmp_path / "r").exists()

@@ -25,7 +25,7 @@ from .monitor import (IntervalTimer, Spikes, StatsInputs, block_grad_norms, peak
                       train_record)
 from .optim import LRSchedule, build_optimizer, for_variant
 from .prefetch import Prefetcher
-from .sinks import Sink, open_run_sinks, start_line, summary_record
+from .sinks import Sink, check_wandb_login, open_run_sinks, start_line, summary_record
 from .state import TrainerState
 
 log = logging.getLogger("nanonorm.train")
@@ -431,6 +431,7 @@ class Trainer(TrainerState):
 def train(cfg: DictConfig, sinks: Optional[list] = None) -> dict:
     """Run one training job from a composed Hydra config. Returns a result dict (summary, checkpoint)."""
     run_cfg = parse_run_config(cfg)  # validate everything before touching devices or data
+    check_wandb_login(run_cfg.logging.wandb)
     trainer = Trainer(run_cfg, distributed.init_distributed(run_cfg.train.device, precision=run_cfg.train.precision),
                       sinks)
     try:

@@ -202,6 +202,29 @@ def summary_record(step: int, batch_tokens: int, last_val: Optional[float], best
             "norm": norm, "seed": seed, "wall_s": wall_s, "train_s": train_s, "commit": code_commit()}
 
 
+def check_wandb_login(wandb_cfg) -> None:
+    """`logging.wandb.mode=online` needs an API key (WANDB_API_KEY, or `wandb login`'s entry in ~/.netrc): said in
+    one line at start-up, before any data is prepared, instead of wandb's traceback after it."""
+    import netrc
+    import os
+    from urllib.parse import urlparse
+
+    if wandb_cfg.mode != "online" or os.environ.get("WANDB_API_KEY"):
+        return
+    host = urlparse(os.environ.get("WANDB_BASE_URL") or "https://api.wandb.ai").hostname
+    try:
+        path = os.environ.get("NETRC") or os.path.expanduser("~/.netrc")
+        if os.path.isfile(path) and netrc.netrc(path).authenticators(host):
+            return
+    except (OSError, netrc.NetrcParseError):
+        pass
+    from common import ConfigError
+
+    raise ConfigError(f"logging.wandb.mode=online needs a wandb API key and none is configured for {host}: run "
+                      "`wandb login`, or set WANDB_API_KEY, or pass logging.wandb.mode=offline (sync later with "
+                      "`wandb sync`)")
+
+
 class FileLog(logging.FileHandler):
     """<run dir>/train.log: the console's lines, appended, from the moment the run dir is claimed."""
 
