@@ -45,13 +45,18 @@ def main(argv=None) -> int:
             cells[label] = ovr
     from common import UserError
 
-    results = {}
-    for label, ovr in cells.items():
+    import time
+
+    results, t_all = {}, time.time()
+    for i, (label, ovr) in enumerate(cells.items()):
+        t0 = time.time()
+        print(f"# [{i + 1}/{len(cells)}] {label}: building the model and measuring ...", file=sys.stderr, flush=True)
         try:
             results[label] = measure([*common, *ovr.split(",")], args.lr, args.random, args.batch)
         except UserError as e:
             raise SystemExit(f"cell {label}: {e}") from None
-        print(f"# {label}: done", file=sys.stderr, flush=True)
+        print(f"# [{i + 1}/{len(cells)}] {label}: done in {time.time() - t0:.1f} s ({time.time() - t_all:.0f} s in "
+              "all)", file=sys.stderr, flush=True)
     shapes = sorted({r["batch"] for r in results.values()})
     print(f"common overrides: {' '.join(common)}; measured batch (sequences x tokens): "
           + ", ".join(f"{b} x {t}" for b, t in shapes))

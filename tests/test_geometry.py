@@ -1,6 +1,7 @@
 """The step-scale instruments (model/geometry.py, scripts/step_scale.py) and knobs (model.init,
 model.embed_std, norm.sublayer_input), and the study statistics (common/stats.py)."""
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -117,9 +118,13 @@ def test_step_scale_script_table(pydocs, load_script, capsys):
             "--cell", "pre=norm=pre_ln", "--", "experiment=fidelity", "model.n_layer=2", "model.n_embd=32",
             "model.n_head=2", "model.block_size=32", "train.micro_batch_size=2", "train.batch_tokens=64"]
     assert load_script("step_scale").main(argv) == 0
+    got = capsys.readouterr()
+    # a progress line per cell as it starts and as it ends, with its time (a 125M cell takes minutes)
+    assert re.findall(r"^# \[(\d)/3\] (\w+): done in [\d.]+ s", got.err, re.M) == [("1", "a1"), ("2", "a32"),
+                                                                                   ("3", "pre")]
     rows = {
         line.split("|")[1].strip(): line.split("|")
-        for line in capsys.readouterr().out.splitlines()
+        for line in got.out.splitlines()
         if line.startswith("| a") or line.startswith("| pre")
     }
     assert set(rows) == {"a1", "a32", "pre"}
