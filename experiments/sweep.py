@@ -355,14 +355,14 @@ def plan_jobs(points: list[dict], args, sweep_dir: Path, sweep: str) -> list[tup
                 print(shlex.join(cmd))
     print(f"# sweep {sweep}: {len(points)} points, {counts['done']} finished, "
           f"{counts['resume']} to resume, {counts['restart']} to restart, {counts['new']} new", flush=True)
-    check_points(jobs)
+    check_points(jobs, check_data=not (args.slurm or args.dry_run))  # a --slurm array runs where its data is
     return jobs
 
 
 COST_MFU = 0.4  # the MFU the printed cost assumes (scripts/paper.py --mfu chooses it per table)
 
 
-def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
+def check_points(jobs: list[tuple[dict, list[str]]], check_data: bool = True) -> None:
     """Compose and validate each unfinished point's config as train.py will, before anything runs (also
     with --dry-run): a point that can never run is one line naming it, and nothing is started."""
     if not jobs:
@@ -386,8 +386,8 @@ def check_points(jobs: list[tuple[dict, list[str]]]) -> None:
                 rc = parse_run_config(cfg)
                 costs.append(run_cost(p["dir"], cfg, rc))  # the model on the meta device
                 key = json.dumps(rc.data.content(), sort_keys=True, default=str)
-                if key not in data_seen:  # what points share (their data) is checked once
-                    data_seen[key] = _data_problem(rc.data)
+                if key not in data_seen:  # what points share (their data) is checked once, for a launch here
+                    data_seen[key] = _data_problem(rc.data) if check_data else None
                 if data_seen[key]:
                     bad.append((p["dir"], data_seen[key]))
             except UserError as e:

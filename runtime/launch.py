@@ -20,7 +20,9 @@ def hydra_argv_for_rank(argv: list[str], rank: int) -> list[str]:
     The run dir itself comes from `out_dir` (no timestamps), so every rank resolves the same path.
     """
     extra = ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
-    return argv + [a for a in extra if a.split("=")[0] not in {x.split("=")[0] for x in argv}]
+    given = {x.split("=")[0] for x in argv}
+    # first, before the user's arguments: Hydra's flags (--cfg job) take no overrides after them
+    return argv[:1] + [a for a in extra if a.split("=")[0] not in given] + argv[1:]
 
 
 # train.precision and eval's/sample's --dtype: one set of names (their torch dtypes: runtime.distributed).

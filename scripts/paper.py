@@ -58,9 +58,10 @@ def pairs(items: list[str], flag: str) -> dict:
     return out
 
 
-def check_files(files: dict, read: set) -> None:
-    """Every --files name is a data config some row of the table reads, and its glob matches a file: checked
-    once, before the cost and before any sweep starts (each row's points would otherwise fail on it)."""
+def check_files(files: dict, read: set, globs: bool = True) -> None:
+    """Every --files name is a data config some row of the table reads, and (`globs`: a launch here, not a
+    --dry-run that may plan for another machine) its glob matches a file: checked once, before the cost and
+    before any sweep starts (each row's points would otherwise fail on it)."""
     from data.sources import resolve_files
 
     for name, pattern in files.items():
@@ -68,7 +69,8 @@ def check_files(files: dict, read: set) -> None:
             raise ConfigError(f"bad --files {name}={pattern}: no row of this table reads data config {name!r} (its "
                               f"rows read: {', '.join(sorted(read))})")
         try:
-            resolve_files("files", [pattern])
+            if globs:
+                resolve_files("files", [pattern])
         except UserError as e:
             raise ConfigError(f"bad --files {name}={pattern}: {' '.join(str(e).split())}") from None
 
@@ -153,7 +155,7 @@ def main(argv=None) -> int:
     gpu = gpu_name(args.gpu)
     files = pairs(args.files, "--files")
     plans = {row: plan_row(row, args.overrides, stand, files) for row in spec["rows"]}
-    check_files(files, {plans[row]["data"] for row in spec["rows"]})
+    check_files(files, {plans[row]["data"] for row in spec["rows"]}, globs=not args.dry_run)
     print(render_cost(spec, plans, gpu, args.mfu), flush=True)
     cmds = sweep_commands(spec, args, plans, files, stand)
     for cmd in cmds:

@@ -72,14 +72,15 @@ def test_bad_table_or_gpu_is_one_line(capsys):
 
 
 def test_files_are_checked_once_before_the_cost_and_any_sweep(tmp_path, capsys):
-    """A --files name no row reads used to be ignored, and a glob matching nothing to launch every row's points."""
+    """A --files name no row reads used to be ignored, and a glob matching nothing to launch every row's points
+    (a --dry-run, which may plan for another machine, checks the names only)."""
     from common import ConfigError
 
     with pytest.raises(ConfigError, match=r"bad --files nope=/x/\*.jsonl: no row of this table reads data config "
                                           r"'nope' \(its rows read: pile_arxiv, pile_books3\)"):
         paper.main(["geonorm", "main", "--dry-run", "--files", "nope=/x/*.jsonl"])
     with pytest.raises(ConfigError, match=r"bad --files pile_books3=.*: data.files: no file matches"):
-        paper.main(["geonorm", "main", "--dry-run", "--files", f"pile_books3={tmp_path}/none/*.jsonl"])
+        paper.main(["geonorm", "main", "--files", f"pile_books3={tmp_path}/none/*.jsonl"])   # a launch: nothing ran
     assert "cost of" not in capsys.readouterr().out                      # refused before anything else
 
 

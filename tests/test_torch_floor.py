@@ -56,7 +56,7 @@ SINCE = {
         torch.randn_like torch.save torch.set_default_dtype torch.set_grad_enabled torch.set_num_threads
         torch.set_rng_state torch.sin torch.sort torch.stack torch.tanh torch.tensor torch.testing.assert_close
         torch.topk torch.triu torch.use_deterministic_algorithms torch.utils._python_dispatch.TorchDispatchMode
-        torch.where torch.zeros torch.zeros_like torch.float torch.cuda
+        torch.where torch.zeros torch.zeros_like torch.float torch.cuda torch.empty_like torch.exp
     """.split(),
 }
 # Newer than the floor, used only behind a version check that gives one line naming the version

@@ -267,10 +267,12 @@ def open_run_sinks(run_dir: Path, run_cfg, step: int, resumed: bool, config_chan
 
     log_cfg, train_cfg, resolved = run_cfg.logging, run_cfg.train, run_cfg.composed
     run_dir.mkdir(parents=True, exist_ok=True)
-    file_log = FileLog(run_dir)
+    # train.log where the console is configured (train.py: Hydra's stdout logging); a library caller keeps
+    # Python's own fallback to stderr, which any handler of ours would silence
+    file_log = FileLog(run_dir) if logging.getLogger().handlers else None
     if resumed and step >= train_cfg.max_steps:  # nothing will train: the records describe what ran
-        sinks = [file_log] + ([ConsoleSink(run_dir, train_cfg.max_steps, train_cfg.batch_tokens, step, resumed,
-                                           None)] if log_cfg.console else [])
+        sinks = [s for s in [file_log] if s] + ([ConsoleSink(run_dir, train_cfg.max_steps, train_cfg.batch_tokens,
+                                                             step, resumed, None)] if log_cfg.console else [])
         return sinks, wandb_run_id
     write_hydra_record(run_dir, resolved)
     cfg_path = run_dir / "config.yaml"
@@ -283,7 +285,7 @@ def open_run_sinks(run_dir: Path, run_cfg, step: int, resumed: bool, config_chan
     metrics = run_dir / "metrics.jsonl"
     if resumed:
         truncate_jsonl(metrics, step)
-    sinks, wandb = [JsonlSink(metrics), file_log], None
+    sinks, wandb = [JsonlSink(metrics)] + ([file_log] if file_log else []), None
     if log_cfg.wandb.mode != "disabled":
         wandb = WandbSink(log_cfg.wandb, str(run_cfg.run_name), run_dir, resolved, wandb_run_id)
         wandb_run_id = wandb.run_id
