@@ -65,6 +65,25 @@ def interpolation_line(e: BaseException) -> str | None:
     return f"bad interpolation {where}: {msg}"
 
 
+def hydra_line(e: BaseException) -> str | None:
+    """One line for a Hydra composition error raised outside train.py's own handler (a script composing a
+    config: an unknown norm= or data= name): Hydra's first line and the options it lists; None for others."""
+    if not type(e).__module__.startswith("hydra"):
+        return None
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    if not lines:
+        return type(e).__name__
+    opts, taking = [], False
+    for ln in lines[1:]:
+        if ln.startswith("Available options"):
+            taking = True
+        elif ln.startswith("Config search path"):
+            break
+        elif taking:
+            opts.append(ln)
+    return lines[0] + (f" (valid: {', '.join(opts)})" if opts else "")
+
+
 def report_user_errors(fn, *args, **kwargs):
     """Run an entry point: a UserError, or a file-system fault of the machine (environment_message), becomes
     one line on stderr and exit status 2; any other exception is a bug and propagates with its traceback.
@@ -81,13 +100,13 @@ def report_user_errors(fn, *args, **kwargs):
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         raise SystemExit(2) from None
     except OSError as e:
-        msg = environment_message(e)
+        msg = environment_message(e) or hydra_line(e)   # Hydra's MissingConfigException is an IOError too
         if msg is None:
             raise
         print(f"error: {msg}", file=sys.stderr)
         raise SystemExit(2) from None
     except Exception as e:
-        line = interpolation_line(e)
+        line = interpolation_line(e) or hydra_line(e)
         if line is None:
             raise
         print(f"error: {line}", file=sys.stderr)

@@ -74,3 +74,15 @@ def test_ctrl_c_in_an_entry_point_is_one_line_saying_what_was_kept(capsys):
         set_interrupt_note("nothing was written")
     err = capsys.readouterr().err
     assert e.value.code == 130 and err == "interrupted (Ctrl-C): the shards finished so far are kept; rerun to resume\n"
+
+
+def test_a_scripts_unknown_component_name_is_one_line_with_the_valid_ones(capsys):
+    """step_scale.py --cell a=norm=nope and paper.py --stand-in pile_books3=nope composed configs whose
+    Hydra errors (a MissingConfigException, which is also an IOError) left tracebacks."""
+    from experiments.step_scale import compose
+
+    with pytest.raises(SystemExit) as e:
+        report_user_errors(compose, ["norm=nope"])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and err.startswith("error: In 'config': Could not find 'norm/nope' (valid: ")
+    assert "pre_ln" in err and len(err.splitlines()) == 1
