@@ -274,8 +274,12 @@ def run_local(jobs: list[tuple[dict, list[str]]], n_jobs: int, sweep_dir: Path, 
             if rc != 0 and log:  # its output went to its log: say why, and where the rest is
                 path = sweep_dir / p["dir"] / "sweep.log"
                 why = f": {_last_error(path)} (log {path})"
-            print(f"# [{i + 1}/{len(jobs)}] {p['dir']}: " + ("done" if rc == 0 else f"failed (exit {rc}){why}"),
-                  flush=True)
+            if rc == 0:  # a point stopped by a signal checkpoints and exits 0 too: only a summary says done
+                done = runlib.is_finished(sweep_dir / p["dir"])
+                status = "done" if done else "stopped before its end (checkpointed; rerun the same command to resume)"
+            else:
+                status = f"failed (exit {rc}){why}"
+            print(f"# [{i + 1}/{len(jobs)}] {p['dir']}: {status}", flush=True)
             if rc != 0 and not children.stopped():
                 failed.append(p["dir"])
     if children.stopped():

@@ -240,3 +240,19 @@ def test_what_every_point_shares_is_checked_once_before_anything_starts(tmp_path
         f"error: all 6 point(s) to run share this problem, nothing started: data.files: no file matches "
         f"'{tmp_path}/books3/*.jsonl'"), p.stderr[-2000:]
     assert not root.exists() or not any(root.rglob("sweep.log"))
+
+
+def test_a_point_that_stops_early_is_not_reported_done(tmp_path):
+    """train.py stopped by a signal checkpoints and exits 0: the sweep used to call it 'done'."""
+    script = tmp_path / "py"
+    # the stand-in ends its run (a summary line) only when FINISH is set; else it exits 0, as a stopped run does
+    script.write_text('#!/bin/bash\nfor a in "$@"; do case "$a" in out_dir=*) d="${a#out_dir=}";; esac; done\n'
+                      'mkdir -p "$d"; echo \'{"kind": "train", "step": 1, "tokens": 1}\' > "$d/metrics.jsonl"\n'
+                      '[ -n "$FINISH" ] && echo \'{"kind": "summary", "step": 2, "tokens": 2}\' >> "$d/metrics.jsonl"\n'
+                      'exit 0\n')
+    script.chmod(0o755)
+    p = subprocess.run(sweep_cmd(script, tmp_path / "runs", "--jobs", "2"), capture_output=True, text=True, timeout=120)
+    assert "pre_ln-s0: stopped before its end (checkpointed; rerun the same command to resume)" in p.stdout, p.stdout
+    p = subprocess.run(sweep_cmd(script, tmp_path / "runs2", "--jobs", "2"), capture_output=True, text=True,
+                       timeout=120, env={**os.environ, "FINISH": "1"})
+    assert "pre_ln-s0: done" in p.stdout, p.stdout
