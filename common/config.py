@@ -230,6 +230,12 @@ def composition_error_line(e: BaseException, groups: Mapping) -> str:
             node = node.get(part) if isinstance(node, Mapping) else None
         if isinstance(node, Mapping):
             return f"unknown key(s) {full_key}: valid keys are {', '.join(node)}"
+    if full_key and groups and full_key not in groups:  # `foo=1`, `modle=tiny`: a top-level key that is not one
+        import difflib
+
+        close = difflib.get_close_matches(full_key, list(groups), n=1)
+        return (f"unknown key {full_key}: the top-level keys are {', '.join(groups)}"
+                + (f"; did you mean {close[0]}?" if close else ""))
     lines = str(e).strip().splitlines() or [type(e).__name__]
     if getattr(e, "override", None):  # bad syntax: line 1 repeats the override, line 2 says what is wrong
         return f"bad override {e.override!r}: {' '.join(lines[min(1, len(lines) - 1)].split())}"

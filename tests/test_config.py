@@ -375,3 +375,15 @@ def test_a_seed_is_bounded_at_torchs_range_on_every_entry_point():
     for bad_seed in (str(2 ** 64), "-1", "1.5"):
         with pytest.raises(argparse.ArgumentTypeError):
             seed_arg(bad_seed)
+
+
+def test_an_unknown_top_level_key_names_the_valid_ones_and_the_closest(tmp_path):
+    """`foo=1` and `modle=tiny` used to print Hydra's "Key ... is not in struct" and nothing else."""
+    from common import ConfigError
+    from helpers import make_cfg
+
+    with pytest.raises(ConfigError, match=r"unknown key modle: the top-level keys are .*\bnorm\b.*\bout_dir\b.*; "
+                                          r"did you mean model\?"):
+        make_cfg(tmp_path, "modle=tiny")
+    with pytest.raises(ConfigError, match=r"unknown key foo: the top-level keys are (?!.*did you mean)"):
+        make_cfg(tmp_path, "foo=1")

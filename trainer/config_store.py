@@ -109,7 +109,22 @@ def composition_error(e: BaseException, overrides) -> str:
                 shown = given[-1].lstrip("+~") if given else full_key
                 return f"bad config {shown}: not an option of {group}.name={name} (its options: {own})"
             return composition_error_line(e, {**groups, group: components[group][name]})  # deeper: its node's
+    if full_key and "." not in full_key and full_key not in groups:  # a top-level key: every one it could be
+        top = {**groups, **{g: {} for g in components}, **{k: {} for k in _top_level_keys()}}
+        return composition_error_line(e, top)
     return composition_error_line(e, groups)
+
+
+def _top_level_keys() -> list:
+    """The composed config's top-level keys (run_name, out_dir, ...) and the groups chosen by name (arch=,
+    experiment=), for an unknown top-level key's error line."""
+    from hydra import compose
+
+    try:
+        keys = [k for k in compose("config") if k != "hydra"]
+    except Exception:  # noqa: BLE001  (the list is a courtesy: never a second error)
+        keys = []
+    return keys + ["arch", "experiment"]
 
 
 def run_hydra(hydra_main) -> None:
