@@ -36,15 +36,16 @@ class Block(nn.Module):
         self.mlp_rule = variant(cfg, 2 * layer + 1)
 
     def forward(self, h, cache: Optional[KVCache] = None, hidden: Optional[list] = None, rope=None,
-                outputs: Optional[list] = None):
-        """`hidden` collects the stream after each sublayer, `outputs` each sublayer's own output F(.)."""
+                outputs: Optional[list] = None, shared: Optional[list] = None):
+        """`hidden` collects the stream after each sublayer, `outputs` each sublayer's own output F(.);
+        `shared`: the variant's once-per-forward values for this block's two rules (Variant.shared)."""
         attn, mlp = (lambda x: self.attn(x, cache, rope)), self.mlp
         if outputs is not None:
             attn, mlp = _recording(attn, outputs), _recording(mlp, outputs)
-        h = self.attn_rule(h, attn)
+        h = self.attn_rule(h, attn) if shared is None else self.attn_rule(h, attn, shared[0])
         if hidden is not None:
             hidden.append(self.attn_rule.stream_view(h))
-        h = self.mlp_rule(h, mlp)
+        h = self.mlp_rule(h, mlp) if shared is None else self.mlp_rule(h, mlp, shared[1])
         if hidden is not None:
             hidden.append(self.mlp_rule.stream_view(h))
         return h
@@ -100,8 +101,9 @@ class GPT(nn.Module):
             rope = (self.rope_cos[start:start + T], self.rope_sin[start:start + T])
         h = self.input_step(self.drop(e))
         hidden = [self.variant.stream_view(h)] if return_hidden else None
-        for block in self.blocks:
-            h = block(h, kv_cache, hidden, rope, sublayer_outputs)
+        shared = self.variant.shared(self.rules())
+        for i, block in enumerate(self.blocks):
+            h = block(h, kv_cache, hidden, rope, sublayer_outputs, None if shared is None else shared[2 * i:2 * i + 2])
         h = self.output_step(h)
         if last_only:
             h = h[:, -1:, :]

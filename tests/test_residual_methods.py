@@ -235,3 +235,41 @@ def test_parameter_count_follows_the_rule(norm, extra):
     model = GPT(gpt_config(norm, vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D))
     body = V * D + T * D + 2 * (D * 3 * D + 3 * D + D * D + D + D * 4 * D + 4 * D + 4 * D * D + D)
     assert model.num_params(non_embedding=False) == body + extra
+
+
+@pytest.mark.parametrize("rope", [False, True])
+def test_mhc_static_mixing_from_one_batched_sinkhorn_equals_one_per_sublayer(rope, monkeypatch):
+    """Every static H_res of the model from one [2N, n, n] Sinkhorn per forward: the same losses and gradients
+    as computing each sublayer's own (the compiled graph unrolled 2N loops of sinkhorn_iters before)."""
+    from model.variants.streams import ManifoldHyperConnections
+
+    torch.manual_seed(0)
+    m = GPT(gpt_config("mhc", n_layer=3, n_head=2, n_embd=32, block_size=16, vocab_size=257,
+                       **({"pos_emb": "rope"} if rope else {})))
+    with torch.no_grad():
+        for r in m.rules():   # mixing that has moved away from the identity, different per sublayer
+            r.b_res.add_(torch.randn_like(r.b_res) * 3)
+    x, y = torch.randint(0, 257, (2, 16)), torch.randint(0, 257, (2, 16))
+    out = []
+    for batched in (True, False):
+        if not batched:
+            monkeypatch.setattr(ManifoldHyperConnections, "shared", classmethod(lambda cls, rules: None))
+        m.zero_grad()
+        loss = m(x, y)[1]
+        loss.backward()
+        out.append((loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}))
+    (la, ga), (lb, gb) = out
+    assert torch.allclose(la, lb, rtol=1e-6, atol=1e-7)
+    for k in ga:
+        assert torch.allclose(ga[k], gb[k], rtol=1e-5, atol=1e-7), k
+    assert ga["blocks.0.attn_rule.b_res"].abs().sum() > 0          # the mixing is trained through the batch
+
+
+def test_mhc_dynamic_form_is_computed_per_sublayer():
+    torch.manual_seed(0)
+    m = GPT(gpt_config("mhc", n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=257, dynamic=True))
+    assert m.variant.shared(m.rules()) is None
+    x = torch.randint(0, 257, (2, 16))
+    loss = m(x, x)[1]
+    loss.backward()
+    assert torch.isfinite(loss) and m.blocks[0].attn_rule.w_res.grad is not None

@@ -4,7 +4,7 @@ step, sublayer rule, output step, and the hooks). Each variant's `norm.*` keys a
 streams.py."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Dict, Type
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Type
 
 import torch
 import torch.nn as nn
@@ -54,6 +54,12 @@ class Variant(nn.Module):
     @classmethod
     def init_weights(cls, model: nn.Module) -> None:
         """Hook after the `model.init` scheme (DeepNorm replaces some gains; the sphere family calibrates)."""
+
+    @classmethod
+    def shared(cls, rules: list) -> Optional[list]:
+        """What the variant computes once per forward for all its 2N rules (one entry per rule, passed to its
+        forward as a third argument), or None: nothing (mHC: every static H_res in one batched Sinkhorn)."""
+        return None
 
     def step_sizes(self) -> Dict[str, torch.Tensor]:
         """Learned step-size scalars, for the training monitor."""

@@ -30,10 +30,10 @@ class _WideStream(Variant):
         H'_i = sum_j mix_ij H_j + post_i F(Norm(x))."""
         raise NotImplementedError
 
-    def forward(self, H, f):
+    def forward(self, H, f, shared=None):
         # Broadcast products and sums, not einsum: autocast would run a matmul in bf16 (its backward too,
         # under torch.compile) and the stream would leave float32. n is small: n products of [B, T, n, d].
-        pre, mix, post = self.weights(H)
+        pre, mix, post = self.weights(H) if shared is None else self.weights(H, shared)
         y = f(self.norm((pre.unsqueeze(-1) * H).sum(-2)))
         out = post.unsqueeze(-1) * y.unsqueeze(-2)
         for k in range(self.n):                      # H'_m += mix_mk H_k, for every m at once
@@ -150,8 +150,20 @@ class ManifoldHyperConnections(_WideStream):
             self.w_pre, self.w_res, self.w_post = (nn.Parameter(torch.zeros(n * d, k)) for k in (n, n * n, n))
             self.a_pre, self.a_res, self.a_post = (nn.Parameter(torch.tensor(0.01)) for _ in range(3))
 
-    def weights(self, H):
+    @classmethod
+    def shared(cls, rules):
+        """Static H_res depend on parameters only: all 2N of them from one batched [2N, n, n] Sinkhorn per
+        forward, instead of 2N unrolled loops of `sinkhorn_iters` (the compiled graph's size and most of its
+        time). The dynamic form depends on the stream and is computed per sublayer."""
+        if rules[0].dynamic:
+            return None
+        return list(sinkhorn(torch.stack([r.b_res for r in rules]), rules[0].iters).unbind(0))
+
+    def weights(self, H, h_res=None):
+        """`h_res`: this sublayer's H_res from `shared` (static form), else computed here."""
         pre, res, post = self.b_pre, self.b_res, self.b_post
+        if h_res is not None:
+            return torch.sigmoid(pre), h_res.to(H.dtype), 2 * torch.sigmoid(post)
         if self.dynamic:
             v = F.rms_norm(H.flatten(-2).float(), (H.shape[-2] * H.shape[-1],)).to(H.dtype)   # vec(H), normalised
             pre = pre + self.a_pre * (v @ self.w_pre)

@@ -27,7 +27,7 @@ from runtime.checkpoint import load_model
 class SkippedBlock(nn.Module):
     """Stands in for a block: the stream passes unchanged (and is recorded twice, one per sublayer)."""
 
-    def forward(self, h, cache=None, hidden=None, rope=None, outputs=None):
+    def forward(self, h, cache=None, hidden=None, rope=None, outputs=None, shared=None):
         if hidden is not None:
             hidden += [h, h]
         if outputs is not None:  # two sublayers that add nothing
