@@ -413,6 +413,8 @@ def _resume_or_start_over(out: Path, content: dict) -> Optional[dict]:
     else:
         done = sum(len(s["shards"]) for s in state["splits"].values())
         _log(f"resuming {out}: {done} finished shards verified, {state['docs_read']} documents already read")
+        for f in out.glob(".*.tmp"):  # a shard a killed writer left half-written (we hold the dir's lock)
+            f.unlink(missing_ok=True)
     return state
 
 

@@ -265,6 +265,7 @@ def test_interrupted_preparation_resumes(tmp_path, capsys, monkeypatch):
     assert "resuming" in capsys.readouterr().err
     assert shard_shas(out) == expected
     assert all(os.stat(out / p).st_mtime_ns == m for p, m in mtimes.items())  # finished shards kept
+    assert not list(out.glob(".*.tmp"))                         # the killed writer's half shard is gone
 
     # a finished shard that no longer matches its sha256 is not trusted: start over, same result
     c2 = cfg(tmp_path / "b", **kw)
