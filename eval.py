@@ -82,6 +82,11 @@ def evaluate(args) -> int:
 
     ckpt_path = resolve_checkpoint(args.path)
     if cfg.out:  # before the evaluation: its result must have somewhere to go
+        if Path(cfg.out).is_dir():
+            from evaluation.config import EvalConfigError
+
+            raise EvalConfigError(f"--out {cfg.out} is a directory: give a file name (e.g. "
+                                  f"{Path(cfg.out) / 'eval.json'})")
         writable_dir(Path(cfg.out).parent, "--out")
     if cfg.tasks:  # a task name no lm-eval task file has: say so in seconds, not after a minute's indexing
         from evaluation.config import EvalConfigError

@@ -542,6 +542,9 @@ def test_out_never_replaces_another_checkpoints_results_or_a_foreign_file(tmp_pa
     assert rc == 2 and err.strip().splitlines()[-1].startswith(f"error: --out {target} holds the results of another "
                                                                "checkpoint")
     assert target.read_text() == before                                             # kept, untouched
+    rc, _, err = run_eval(capsys, b, "--tasks", "none", "--out", tmp_path)        # a directory: not a temp file's name
+    assert rc == 2 and err.strip().endswith(f"--out {tmp_path} is a directory: give a file name (e.g. "
+                                            f"{tmp_path / 'eval.json'})")
     foreign = tmp_path / "notes.json"
     foreign.write_text('{"a": 1}\n')
     rc, _, err = run_eval(capsys, b, "--tasks", "none", "--out", foreign)
