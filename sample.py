@@ -151,15 +151,22 @@ def _sample(args, prompt: str, ckpt_path, rt) -> int:
     return 0
 
 
-def _progress(total: int, t0: float):
-    """A `stop` callback of generate() that never stops: a line on stderr at every tenth of `total`
-    (it does not read the tokens, so it adds no host sync)."""
-    done = [0]
+PROGRESS_EVERY_S = 30.0  # a long generation says where it is at least this often
+
+
+def _progress(total: int, t0: float, every_s: float = PROGRESS_EVERY_S):
+    """A `stop` callback of generate() that never stops: a line on stderr at every tenth of `total`, and at
+    least every `every_s` seconds (a tenth of 10^8 tokens is hours) (it does not read the tokens, so it adds no
+    host sync; the clock is read every 64 tokens)."""
+    done, last = [0], [t0]
 
     def tick(_idx) -> bool:
         done[0] += 1
         n = done[0]
-        if n % max(1, total // 10) == 0 and n < total:
+        tenth = n % max(1, total // 10) == 0
+        late = n % 64 == 0 and time.perf_counter() - last[0] >= every_s
+        if (tenth or late) and n < total:
+            last[0] = time.perf_counter()
             rate = n / max(time.perf_counter() - t0, 1e-9)
             print(f"sample: {n}/{total} new tokens ({rate:.1f} tokens/s per sample, {(total - n) / rate:.0f}s left)",
                   file=sys.stderr, flush=True)

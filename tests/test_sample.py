@@ -170,3 +170,17 @@ def test_a_non_utf8_prompt_an_infinite_temperature_and_a_huge_seed_are_one_line(
                          ([ckpt, "--seed", "99999999999999999999"], "the range torch.manual_seed takes")):
         rc, _, err = run_sample(capsys, *argv, "--max-new-tokens", "2")
         assert rc == 2 and expect in err and "Traceback" not in err, err
+
+
+def test_a_huge_generation_reports_progress_by_time_too(capsys, monkeypatch):
+    """--max-new-tokens 100000000 reported only every tenth (10^7 tokens): minutes, or hours, of silence."""
+    import sample
+
+    clock = [0.0]
+    monkeypatch.setattr(sample.time, "perf_counter", lambda: clock[0])
+    tick = sample._progress(100_000_000, 0.0, every_s=30.0)
+    for _ in range(640):            # 10 s a token: a line at the first 64-token check past 30 s
+        clock[0] += 10.0
+        tick(None)
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("sample: ")]
+    assert len(lines) == 10 and lines[0].startswith("sample: 64/100000000 new tokens")
