@@ -109,8 +109,13 @@ def zero_shot_table(spec: dict, settings: dict, runs_root: Path, stand: dict, st
             res = newest_eval(r.path).get("tasks") or {}
             by_label.setdefault(r.label, []).append(res)
         labels = runlib.sort_labels(by_label)
-        lines += [f"**{row}**" + (f" († {stand_ins.get(used, {}).get('caveat', used)})" if used else ""), "",
-                  "| metric | " + " | ".join(labels) + " | best | paper |", "|---|" + "---|" * (len(labels) + 2)]
+        title = f"**{row}**" + (f" († {stand_ins.get(used, {}).get('caveat', used)})" if used else "")
+        if not labels:  # no run of this row yet: say so, not a table of empty columns and "best on 0"
+            lines += [title, "", f"no runs under {path} yet (scripts/paper.py trains them, then scores them with "
+                                 "--eval)", ""]
+            continue
+        lines += [title, "", "| metric | " + " | ".join(labels) + " | best | paper |",
+                  "|---|" + "---|" * (len(labels) + 2)]
         wins = 0
         for m in spec["metrics"]:
             key, lower = m.rstrip("+-"), m.endswith("-")

@@ -97,13 +97,17 @@ def sweep_commands(spec: dict, args, plans: dict, files: dict, stand: dict) -> l
 def run_eval(spec: dict, args) -> int:
     """eval.py on the newest checkpoint of every run of the table's rows (--tasks: the table's)."""
     tasks = ",".join(spec["tasks"])
-    failed = 0
+    failed, found = 0, 0
     for row in spec["rows"]:
         for run in sorted((Path(args.runs_root) / row).glob("*/checkpoints")):
             cmd = [sys.executable, "eval.py", str(run.parent), "--tasks", tasks, *shlex.split(args.eval_args or "")]
             print("$ " + shlex.join(cmd), flush=True)
+            found += 1
             if not args.dry_run:
                 failed += subprocess.call(cmd, cwd=REPO) != 0
+    if not found:
+        raise ConfigError(f"--eval: no run with a checkpoint under {args.runs_root}/<row>/ for "
+                          f"{', '.join(spec['rows'])}: train the table's rows first (paper.py without --eval)")
     return 1 if failed else 0
 
 

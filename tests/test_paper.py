@@ -169,6 +169,18 @@ def test_eval_runs_eval_py_on_every_run_of_the_rows(tmp_path, capsys):
     )
 
 
+def test_a_zero_shot_table_or_eval_without_runs_says_so(tmp_path, capsys):
+    """--eval with no runs printed nothing and exited 0; --table said "best on 0/12" under a header of 4 cells
+    over a separator of 3."""
+    from common import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--eval: no run with a checkpoint under .* train the table's rows first"):
+        paper.main(["spheret", "zero_shot", "--eval", "--runs-root", str(tmp_path)])
+    assert paper.main(["spheret", "zero_shot", "--table", "--runs-root", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("no runs under ") == 2 and "best on 0/" not in out and "| metric |" not in out
+
+
 def test_results_file_is_data_the_tables_read():
     data = yaml.safe_load(paper.RESULTS.read_text())
     zs = data["tables"]["spheret"]["zero_shot"]["paper"]
