@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from ..sublayers import MLP, CausalSelfAttention, LMHead
 from .base import Variant, register
@@ -99,8 +100,8 @@ class NGPTHead(LMHead):
         self.s_z = _ScaledVector(cfg.vocab_size, 1.0, cfg.n_embd ** -0.5)
 
     def forward(self, h):
-        logits = super().forward(h)
-        return logits * self.s_z.value().to(logits.dtype)
+        # the head's rows scaled (V x d products) rather than the logits (B*T x V): the same function
+        return F.linear(h, self.loss_weight())
 
     def loss_weight(self):
         # logits * s_z is h @ (s_z-scaled rows of W)^T: V x d multiplications instead of B*T x V
@@ -157,5 +158,9 @@ class NGPT(Variant):
     @classmethod
     @torch.no_grad()
     def after_step(cls, model, applied):
-        for w, dim in cls.unit_matrices(model):  # a tied head is normalized twice: the same rows, idempotent
+        seen = set()
+        for w, dim in cls.unit_matrices(model):  # a tied head is the token table: normalized once
+            if id(w) in seen:
+                continue
+            seen.add(id(w))
             w.copy_(torch.where(applied, _unit(w, dim), w))
