@@ -25,7 +25,13 @@ from runtime.checkpoint import load_model
 
 
 class SkippedBlock(nn.Module):
-    """Stands in for a block: the stream passes unchanged (and is recorded twice, one per sublayer)."""
+    """Stands in for a block: the stream passes unchanged (and is recorded twice, one per sublayer). It keeps the
+    block's two rules, so the model's list of rules (and what a variant computes from them once per forward,
+    Variant.shared) is the same as with the block in place."""
+
+    def __init__(self, block: nn.Module):
+        super().__init__()
+        self.attn_rule, self.mlp_rule = block.attn_rule, block.mlp_rule
 
     def forward(self, h, cache=None, hidden=None, rope=None, outputs=None, shared=None):
         if hidden is not None:
@@ -55,7 +61,7 @@ def ablate(run_dir: Path, tokens: int) -> dict:
     losses = []
     for k in range(len(model.blocks)):
         block = model.blocks[k]
-        model.blocks[k] = SkippedBlock()
+        model.blocks[k] = SkippedBlock(block)
         losses.append(val_loss(model, loader))
         model.blocks[k] = block
     return {"run": str(run_dir), "norm": model.config.norm.name, "step": ckpt["step"], "tokens": loader.num_tokens,
