@@ -80,6 +80,10 @@ def test_the_report_decides_the_declared_families_in_bits_per_byte(env, tmp_path
     assert geo["paired"].mean == pytest.approx((-0.25 + tilt) / math.log(2), rel=1e-6)   # the gap, in bits per byte
     assert geo["verdict"] == "gpt2.geonorm-normin ahead" and geo["holm"] == pytest.approx(2 * geo["paired"].p)
     assert peri["verdict"] == "undecided" or peri["verdict"].startswith("equivalent")
+    part_of = [r16.compare(cells["gpt2.geonorm-normin"], cells["gpt2.pre_ln"], DOCS)]
+    r16.family(part_of, declared=2)       # one of a family of two in: no verdict, and the bound it will meet
+    assert part_of[0]["holm"] is None and part_of[0]["verdict"] == (
+        f"pending: 1 of 2 comparisons in (Holm p at most {min(1.0, 2 * part_of[0]['paired'].p):.2g})")
     assert geo["se_val"] > 0 and geo["pct"] == pytest.approx(100 * geo["paired"].mean / (
         sum(cells["gpt2.pre_ln"].test.values()) / 4), rel=1e-9)
     r16.report(study, runner.args.runs_root, tmp_path / "docs", "horizon16")
