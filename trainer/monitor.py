@@ -11,7 +11,6 @@ from typing import NamedTuple, Optional
 
 import torch
 
-from runtime import distributed
 
 log = logging.getLogger("nanonorm.train")
 
@@ -28,24 +27,6 @@ class StatsInputs(NamedTuple):
 def _fmean(xs):
     f = [x for x in xs if math.isfinite(x)]
     return sum(f) / len(f) if f else float("nan")
-
-
-@torch.no_grad()
-def validation_loss(model, val, autocast, device) -> float:
-    """Mean loss over the fixed validation budget (`val`), summed over ranks; padding targets are -1."""
-    model.eval()
-    tot = torch.zeros(2, dtype=torch.float64, device=device)
-    for x, y in val:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with autocast():
-            _, loss = model(x, y)
-        n = (y != -1).sum()
-        tot[0] += torch.where(n > 0, loss.double() * n, torch.zeros((), dtype=torch.float64, device=device))
-        tot[1] += n
-    model.train()
-    distributed.all_reduce_(tot, "sum")
-    loss_sum, count = tot.tolist()
-    return loss_sum / count if count else float("nan")
 
 
 def train_record(s: int, batch_tokens: int, h: dict, elapsed: float, timed: int, world: int,
