@@ -14,6 +14,15 @@ class ConfigError(UserError, ValueError):
     """A bad configuration value. (Also a ValueError, for callers that validate values generically.)"""
 
 
+def say_line(line: str) -> None:
+    """Write one line to stderr in a single write. Python's stderr writes through, so print() sends the text
+    and its newline as two writes, and another rank sharing the terminal or pipe can land between them."""
+    import sys
+
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
 def disk_full(e: BaseException) -> bool:
     """A write that failed because the file system is full (or over quota). torch.save's zip writer says so
     only as a short write: 'unexpected pos N vs M'."""
@@ -89,25 +98,24 @@ def report_user_errors(fn, *args, **kwargs):
     one line on stderr and exit status 2; any other exception is a bug and propagates with its traceback.
     Shared by train.py, eval.py, sample.py, `python -m data.prepare` and the scripts, so the same mistake
     reads the same everywhere."""
-    import sys
 
     try:
         return fn(*args, **kwargs)
     except KeyboardInterrupt:  # Ctrl-C: what was kept, not where Python was
-        print(f"interrupted (Ctrl-C): {_INTERRUPT_NOTE[0]}", file=sys.stderr)
+        say_line(f"interrupted (Ctrl-C): {_INTERRUPT_NOTE[0]}")
         raise SystemExit(130) from None
     except UserError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        say_line(f"error: {' '.join(str(e).split())}")
         raise SystemExit(2) from None
     except OSError as e:
         msg = environment_message(e) or hydra_line(e)   # Hydra's MissingConfigException is an IOError too
         if msg is None:
             raise
-        print(f"error: {msg}", file=sys.stderr)
+        say_line(f"error: {msg}")
         raise SystemExit(2) from None
     except Exception as e:
         line = interpolation_line(e) or hydra_line(e)
         if line is None:
             raise
-        print(f"error: {line}", file=sys.stderr)
+        say_line(f"error: {line}")
         raise SystemExit(2) from None

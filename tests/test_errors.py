@@ -27,6 +27,26 @@ def test_handler_prints_one_line_and_exits_2_for_user_errors(capsys):
     assert err == "error: bad config train.max_steps=0: must be a positive integer\n"
 
 
+def test_the_error_line_reaches_stderr_in_one_write(monkeypatch):
+    """Ranks share one stderr; a line written as text then newline (print) lets another rank's line land
+    between the two, and a reader matching whole lines misses both."""
+    import sys
+
+    writes = []
+
+    class Recorder:
+        def write(self, s):
+            writes.append(s)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    with pytest.raises(SystemExit):
+        report_user_errors(lambda: (_ for _ in ()).throw(ConfigError("data.files: no file matches 'x'")))
+    assert writes == ["error: data.files: no file matches 'x'\n"]
+
+
 def test_handler_lets_bugs_keep_their_traceback():
     def buggy():
         return {}["missing"]

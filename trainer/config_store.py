@@ -11,6 +11,8 @@ import sys
 import traceback
 from pathlib import Path
 
+from common.errors import say_line
+
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -134,8 +136,8 @@ def run_hydra(hydra_main) -> None:
 
     for a in sys.argv[1:]:  # Hydra's own error for an empty key is a ValueError traceback ("... Got int")
         if not a.startswith("-") and "=" in a and not a.split("=", 1)[0].lstrip("+~"):
-            print(f"error: bad override {a!r}: the key before '=' is empty (write key=value, e.g. train.seed=1)",
-                  file=sys.stderr)
+            say_line(f"error: bad override {a!r}: the key before '=' is empty "
+                     "(write key=value, e.g. train.seed=1)")
             raise SystemExit(2)
     if os.environ.get("HYDRA_FULL_ERROR") == "1":
         return hydra_main()
@@ -147,7 +149,7 @@ def run_hydra(hydra_main) -> None:
     except OmegaConfBaseException as e:  # an interpolation that cannot resolve (${nope}, ${oc.env:UNSET})
         from common.errors import interpolation_line
 
-        print(f"error: {interpolation_line(e)}", file=sys.stderr)
+        say_line(f"error: {interpolation_line(e)}")
         raise SystemExit(2) from None
     except (ConfigCompositionException, OverrideParseException) as e:
         from hydra import initialize_config_dir
@@ -156,13 +158,13 @@ def run_hydra(hydra_main) -> None:
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
             line = composition_error(e, [a for a in sys.argv[1:] if not a.startswith("-")])
-        print(f"error: {line}", file=sys.stderr)
+        say_line(f"error: {line}")
         raise SystemExit(2) from None
     except OSError as e:
         frames = [f.filename for f in traceback.extract_tb(e.__traceback__)]
         hydra = [i for i, name in enumerate(frames) if "/hydra/" in name]
         if not hydra or any(name.startswith(str(CONFIG_DIR.parent)) for name in frames[hydra[-1] + 1:]):
             raise  # not Hydra's own mkdir of the run dir, before the task
-        print(f"error: cannot create the run dir {e.filename} ({e.strerror or e}), chosen by out_dir: pass a "
-              "writable out_dir=... (default runs/<run_name>)", file=sys.stderr)
+        say_line(f"error: cannot create the run dir {e.filename} ({e.strerror or e}), chosen by out_dir: pass a "
+                 "writable out_dir=... (default runs/<run_name>)")
         raise SystemExit(2) from None
