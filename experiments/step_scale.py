@@ -45,6 +45,43 @@ def measured_batch(micro: int, block: int, vocab: int, asked: int | None = None)
     return max(1, min(micro, LOGITS_BUDGET // (4 * block * vocab)))
 
 
+def peak_bytes(n_params: int, n_layer: int, width: int, batch: int, block: int, vocab: int) -> int:
+    """What one measurement holds at its peak, from above: fp32 weights, gradients and AdamW's two moments
+    (16 bytes a parameter), per sequence the logits about five times over (the two forwards, the loss's
+    gradient, before and after the step) and ~70 fp32 values a token per width per layer kept for backward,
+    plus ~0.5 GB of runtime. Against the peak RSS of this code's CPU path it is 3-15% high (gpt_125m's
+    shape at 2 and 12 layers, 1 and 4 sequences)."""
+    per_sequence = 5 * 4 * block * vocab + n_layer * block * 70 * width
+    return int(0.5e9 + 16 * n_params + batch * per_sequence)
+
+
+def available_bytes() -> int | None:
+    """The memory the machine can give without swapping (Linux's MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def check_fits(n_params: int, n_layer: int, width: int, batch: int, block: int, vocab: int,
+               available: int | None) -> None:
+    """Refuse, in one line naming the batch that would fit, a measurement the machine cannot hold (a run
+    past it is killed by the kernel minutes in, with no word of why)."""
+    need = peak_bytes(n_params, n_layer, width, batch, block, vocab)
+    if available is None or need <= available:
+        return
+    fits = [b for b in range(batch - 1, 0, -1) if peak_bytes(n_params, n_layer, width, b, block, vocab) <= available]
+    hint = f"pass --batch {fits[0]}" if fits else "no batch fits: use a smaller model.* or block_size"
+    from common import UserError
+
+    raise UserError(f"--batch {batch} x {block} tokens needs ~{need / 1e9:.1f} GB ({n_params / 1e6:.0f}M parameters, "
+                    f"vocab {vocab}) but {available / 1e9:.1f} GB is available: {hint}")
+
+
 def batch_for(cfg, random_batch: bool, micro: int, block: int):
     """(x, y, vocab_size): the first training batch of the config's data, or random tokens."""
     import torch
@@ -78,7 +115,12 @@ def measure(overrides: list[str], lr: float | None, random_batch: bool, batch: i
     import data as data_mod
 
     vocab = data_mod.get_tokenizer(cfg.data.tokenizer).vocab_size
-    x, y, vocab = batch_for(cfg, random_batch, measured_batch(rc.train.micro_batch_size, block, vocab, batch), block)
+    micro = measured_batch(rc.train.micro_batch_size, block, vocab, batch)
+    model_cfg = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=vocab)
+    with torch.device("meta"):  # the parameter count, before anything is allocated
+        n_params = sum(p.numel() for p in GPT(model_cfg).parameters())
+    check_fits(n_params, model_cfg.n_layer, model_cfg.n_embd, micro, block, model_cfg.vocab_size, available_bytes())
+    x, y, vocab = batch_for(cfg, random_batch, micro, block)
     model_cfg = GPTConfig.from_hydra(cfg.model, cfg.norm, vocab_size=vocab)
     seed_all(rc.train.seed)
     model = GPT(model_cfg)

@@ -143,6 +143,25 @@ def test_step_scale_measures_a_batch_that_fits_for_gpt_125m():
     assert m(16, 1 << 20, 50304) == 1  # never empty
 
 
+def test_step_scale_refuses_what_the_machine_cannot_hold_naming_the_batch_that_fits(load_script, monkeypatch):
+    """gpt_125m with --batch 8 on a 5 GB machine: one line with the batch that fits, before anything is built
+    (it used to be killed by the kernel minutes in)."""
+    from common import UserError
+    from experiments import step_scale as ss
+
+    # above the measured peak RSS of gpt_125m at one sequence (3.63 GB), not far above
+    assert 1.0 < ss.peak_bytes(124_475_904, 12, 768, 1, 1024, 50304) / 3.63e9 < 1.2
+    assert ss.peak_bytes(10**6, 2, 64, 4, 256, 320) < ss.peak_bytes(10**6, 2, 64, 5, 256, 320)
+    monkeypatch.setattr(ss, "available_bytes", lambda: 5 * 10**9)
+    monkeypatch.setattr(ss, "batch_for", lambda *a: pytest.fail("data read for a batch that cannot fit"))
+    with pytest.raises(UserError, match=r"^--batch 8 x 1024 tokens needs ~16\.0 GB \(124M parameters, vocab "
+                                        r"50304\) but 5\.0 GB is available: pass --batch 1$"):
+        ss.measure(["model=gpt_125m", "data.tokenizer=gpt2"], None, True, batch=8)
+    monkeypatch.setattr(ss, "available_bytes", lambda: 3 * 10**9)
+    with pytest.raises(UserError, match=r"no batch fits: use a smaller model\.\* or block_size$"):
+        ss.measure(["model=gpt_125m", "data.tokenizer=gpt2"], None, True, batch=8)
+
+
 def test_step_scale_script_bad_cell_or_lr_is_one_line(load_script):
     out = subprocess.run([sys.executable, "scripts/step_scale.py", "--cell", "x"], cwd=ROOT,
                          capture_output=True, text=True, timeout=60)
