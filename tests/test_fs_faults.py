@@ -42,6 +42,7 @@ def read_only_under(monkeypatch, root: Path) -> None:
         return real_open(path, mode, *a, **k)
     monkeypatch.setattr(os, "mkdir", mkdir)
     monkeypatch.setattr("builtins.open", fake_open)
+    monkeypatch.setattr("io.open", fake_open)  # pathlib's write_bytes / write_text
 
 
 @pytest.mark.slow
@@ -54,6 +55,18 @@ def test_a_file_where_the_checkpoints_dir_belongs_is_refused_before_the_first_st
                                           "move it away or choose another location$"):
         train(make_cfg(run, "train.max_steps=2"))
     assert (run / "checkpoints").read_text() == "a file" and not (run / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_resuming_a_run_on_a_read_only_mount_is_one_line_and_changes_nothing(tmp_path, monkeypatch, capsys, pydocs):
+    from trainer.loop import train
+    run = tmp_path / "run"
+    train(make_cfg(run, "train.max_steps=2"))
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    read_only_under(monkeypatch, run)
+    err = one_line_exit(capsys, train, make_cfg(run, "train.max_steps=4", "train.resume=auto"))
+    assert err == f"error: cannot write to {run} (Read-only file system), chosen by out_dir: choose a writable location"
+    assert {p: p.read_bytes() for p in run.rglob("*") if p.is_file()} == before
 
 
 def test_sweep_into_a_read_only_runs_root_is_one_line(tmp_path, monkeypatch, capsys, load_script):
