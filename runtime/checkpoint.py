@@ -68,9 +68,11 @@ def save_checkpoint(state: dict, run_dir: Union[str, Path], step: int, keep_last
         if not disk_full(e):
             raise
         kept = list_checkpoints(run_dir)
-        raise CheckpointError(f"cannot write checkpoint {path}: the disk is full; "
-                              f"{'the last good one, ' + kept[-1].name + ', is kept' if kept else 'no checkpoint kept'}"
-                              "; free space (or lower train.keep_last) and resume with train.resume=auto") from None
+        then = (f"the last good one, {kept[-1].name}, is kept; free space (or lower train.keep_last) and resume "
+                "with train.resume=auto" if kept else
+                "no checkpoint of this run was written yet, so there is nothing to resume: free space and start "
+                "it again")
+        raise CheckpointError(f"cannot write checkpoint {path}: the disk is full; {then}") from None
     keep = {ckpt_path(run_dir, k).name for k in keep_steps}
     for old in list_checkpoints(run_dir)[:-keep_last]:
         if old.name not in keep:

@@ -115,8 +115,12 @@ def test_a_full_disk_while_checkpointing_keeps_the_last_good_checkpoint(tmp_path
         raise RuntimeError(SHORT_WRITE)
     monkeypatch.setattr(ck.torch, "save", full_disk)
     with pytest.raises(ck.CheckpointError, match=r"cannot write checkpoint .*ckpt_00000002.pt: the disk is full; the "
-                                                 r"last good one, ckpt_00000001.pt, is kept; free space"):
+                                                 r"last good one, ckpt_00000001.pt, is kept; free space .* and resume "
+                                                 r"with train.resume=auto$"):
         ck.save_checkpoint(state, tmp_path, 2, keep_last=1)
+    with pytest.raises(ck.CheckpointError, match=r"the disk is full; no checkpoint of this run was written yet, so "
+                                                 r"there is nothing to resume: free space and start it again$"):
+        ck.save_checkpoint(state, tmp_path / "fresh", 1, keep_last=1)  # never "resume" where nothing is kept
     monkeypatch.setattr(ck.torch, "save", real_save)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [good.name]   # no temp file left
     assert torch.equal(torch.load(good)["model"]["w"], torch.arange(4.0))
