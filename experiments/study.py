@@ -44,6 +44,7 @@ from typing import Optional
 import yaml
 
 from experiments import runs as runlib
+from experiments.study_parts import build_part
 from common import UserError, children
 from common.config import Name, NonNegInt, PosInt, Positive, build, check
 from common.errors import ConfigError
@@ -52,9 +53,6 @@ from data.files import atomic_write, read_json, read_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 STUDIES = REPO / "studies"
-KINDS = ("grid", "edge", "rerun", "shapes", "vary", "points", "script", "horizon")
-NEEDS = {"vary": ("of", "key", "values"), "points": ("experiment",), "script": ("script", "output", "runs"),
-         "horizon": ("sweep", "horizons", "test_seeds")}
 
 
 @dataclass
@@ -78,7 +76,7 @@ class Study:
     path: Path
     experiment: Name
     cells: dict                     # cell -> {"overrides": {...}, "start": value}
-    parts: list                     # mappings with name and kind, in order
+    parts: list                     # the parts in order, each its kind's typed Part (experiments/study_parts.py)
     tune: Tune = field(default_factory=Tune)
     seeds: list = field(default_factory=lambda: [0])
     overrides: list = field(default_factory=list)   # key=value strings every run gets
@@ -112,11 +110,9 @@ class Study:
         try:
             study = build(cls, d, "study", ConfigError, keys=file_keys,
                           name=path.parent.name if path.name == "study.yaml" else path.stem, path=path)
+            study.parts = [build_part(i, p) for i, p in enumerate(study.parts)]  # each kind's own keys
         except UserError as e:
             raise SystemExit(f"{path}: {e}") from None
-        for i, p in enumerate(study.parts):
-            if not isinstance(p, dict) or "name" not in p:
-                bad(f"parts[{i}]", f"{p!r}: expected a mapping with name and kind")
         tunes = any(p.get("kind") not in ("points", "script") for p in study.parts)
         if bool(study.ladder) == bool(study.factor) and (tunes or study.ladder or study.factor):
             bad("tune", "give one of ladder (the values) and factor (start x factor^k)")
@@ -125,11 +121,6 @@ class Study:
                 bad(f"cells.{c}", "needs overrides (and start)")
         names = [p.get("name") for p in study.parts]
         for i, p in enumerate(study.parts):
-            if p.get("kind") not in KINDS:
-                bad(f"parts[{i}].kind", f"{p.get('kind')!r}: valid are {', '.join(KINDS)}")
-            for k in NEEDS.get(p["kind"], ()):
-                if k not in p:
-                    bad(f"parts.{p['name']}.{k}", f"missing (a {p['kind']} part needs {', '.join(NEEDS[p['kind']])})")
             needs_of = p["kind"] not in ("grid", "points", "script", "horizon") or (
                 p["kind"] == "horizon" and "pick" in p
             )

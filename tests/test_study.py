@@ -103,6 +103,18 @@ def test_a_later_part_starts_from_the_recorded_bests_without_the_run_dirs(study,
     ({"cells": [1]}, r"bad.yaml: bad config study.cells=\[1\]: must be a mapping"),
     ({"tune": {"widht": 2}}, r"unknown key\(s\) study.tune.widht: valid keys are key, ladder, factor, width"),
     ({"tune": {"ladder": [1e-3], "factor": 2}}, r"tune: give one of ladder .* and factor"),
+    # a part kind's own keys, typed: a typo, a wrong type and a missing key are one line each
+    ({"parts": [{"name": "grid", "kind": "grid", "sweep": "s", "pick": ["pre_ln"]}]},
+     r"bad.yaml: unknown key\(s\) parts.grid.pick: valid keys are name, kind, sweep, seeds$"),
+    ({"parts": [{"name": "h", "kind": "horizon", "sweep": "s", "cells": ["pre_ln"], "horizons": 16,
+                 "test_seeds": [2]}]}, r"bad.yaml: bad config parts.h.horizons=16: must be a list$"),
+    ({"parts": [{"name": "h", "kind": "horizon", "sweep": "s", "cells": ["pre_ln"], "horizons": [1],
+                 "test_seeds": [2], "decay_frac": 0}]},
+     r"bad config parts.h.decay_frac=0: must be a finite number > 0 or null$"),
+    ({"parts": [{"name": "grid", "kind": "grid", "sweep": "s"}, {"name": "v", "kind": "vary", "of": "grid",
+                                                                "key": "optim.wd"}]},
+     r"missing key parts.v.values: it has no default, set it$"),
+    ({"experiment": None}, r"bad.yaml: bad config study.experiment=None: must not be null"),
 ])
 def test_a_bad_study_file_is_one_line_naming_the_key(tmp_path, change, message):
     import yaml
@@ -118,6 +130,35 @@ def test_a_bad_study_file_is_one_line_naming_the_key(tmp_path, change, message):
     path.write_text(yaml.safe_dump(d))
     with pytest.raises(SystemExit, match=message):
         S.Study.load(str(path))
+
+
+def test_a_new_part_kind_is_one_dataclass_whose_fields_are_its_typed_keys():
+    """The architecture page's recipe, with no YAML: a class under @kind, its fields the part's keys."""
+    from dataclasses import dataclass
+
+    from common.config import PosInt
+    from common.errors import ConfigError
+    from experiments.study_parts import PART_KINDS, Part, build_part, kind
+
+    @kind("probe")
+    @dataclass(kw_only=True)
+    class ProbePart(Part):
+        """Probe the best setting of `of` `repeats` times."""
+        of: str
+        repeats: PosInt = 3
+
+    try:
+        p = build_part(0, {"name": "pr", "kind": "probe", "of": "grid"})
+        assert isinstance(p, ProbePart) and p["repeats"] == 3 and p.get("seeds") is None and "seeds" not in p
+        assert p["of"] == "grid" and "of" in p and set(p.keys()) == {"name", "kind", "of", "repeats"}
+        with pytest.raises(ConfigError, match=r"^bad config parts.pr.repeats=0: must be a positive integer$"):
+            build_part(0, {"name": "pr", "kind": "probe", "of": "grid", "repeats": 0})
+        with pytest.raises(ConfigError, match=r"^missing key parts.pr.of: it has no default, set it$"):
+            build_part(0, {"name": "pr", "kind": "probe"})
+        with pytest.raises(ConfigError, match=r"^parts\[0\].kind: 'prob': valid are grid, .*, horizon, probe$"):
+            build_part(0, {"name": "pr", "kind": "prob"})
+    finally:
+        PART_KINDS._items.pop("probe")
 
 
 def test_unknown_study_part_and_cell_are_one_line():
