@@ -273,3 +273,28 @@ def test_mhc_dynamic_form_is_computed_per_sublayer():
     loss = m(x, x)[1]
     loss.backward()
     assert torch.isfinite(loss) and m.blocks[0].attn_rule.w_res.grad is not None
+
+
+@pytest.mark.parametrize("norm, kw", [("hc", {}), ("hc", {"dynamic": True}), ("mhc", {}), ("mhc", {"dynamic": True})])
+def test_the_widened_streams_matmul_mixing_equals_the_broadcast_form(norm, kw, monkeypatch):
+    """Without autocast the streams are read and mixed by matmuls (half the eager time); under autocast by
+    broadcast products, which keep the stream in float32. The same function: equal losses and gradients in
+    float64 (float32 rounds the two summation orders ~100 ulps apart in the embedding's gradient)."""
+    torch.manual_seed(0)
+    m = GPT(gpt_config(norm, n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=257, **kw)).double()
+    with torch.no_grad():
+        for name, p in m.named_parameters():   # mixing and read-out weights away from their init
+            if "rule" in name:
+                p.add_(torch.randn_like(p) * 0.5)
+    x, y = torch.randint(0, 257, (2, 16)), torch.randint(0, 257, (2, 16))
+    out = []
+    for broadcast in (False, True):
+        monkeypatch.setattr(torch, "is_autocast_enabled", lambda *a: broadcast)
+        m.zero_grad()
+        loss = m(x, y)[1]
+        loss.backward()
+        out.append((loss.detach(), {k: p.grad.clone() for k, p in m.named_parameters() if p.grad is not None}))
+    (la, ga), (lb, gb) = out
+    assert torch.allclose(la, lb, rtol=1e-13, atol=0)
+    for k in ga:
+        assert (ga[k] - gb[k]).abs().max() <= 1e-12 * ga[k].abs().max() + 1e-300, k
