@@ -39,9 +39,10 @@ class _WideStream(Variant):
             x = (pre.unsqueeze(-1) * H).sum(-2)
             mixed = sum(mix[..., :, k, None] * H[..., k, None, :] for k in range(self.n))   # H'_m = sum_k mix_mk H_k
         else:
-            # No autocast: one matmul each, half the eager time of n broadcast passes over the stream
-            x = (pre.unsqueeze(-2) @ H).squeeze(-2)
-            mixed = mix @ H
+            # No autocast: one contraction each (einsum: a third of the eager time of n broadcast passes
+            # over the stream, and less than matmul's, which broadcasts the mixing matrix over the tokens)
+            x = torch.einsum("...k,...kd->...d", pre, H)
+            mixed = torch.einsum("...mk,...kd->...md", mix, H)
         return mixed + post.unsqueeze(-1) * f(self.norm(x)).unsqueeze(-2)
 
     @staticmethod
