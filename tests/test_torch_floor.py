@@ -20,12 +20,13 @@ SINCE = {
     "2.4": [
         "torch.nn.functional.rms_norm",
         "torch.distributed.distributed_c10d._set_pg_timeout",  # private, tests only
-        "torch.is_autocast_enabled",  # with a device type (tests only)
+        "torch.is_autocast_enabled",  # with a device type
         "torch.get_autocast_dtype",
     ],
     "2.3": ["torch.compiler.is_compiling", "torch.amp.GradScaler"],
     "2.0": """
-        torch.optim torch.optim.SGD torch.nn.functional.silu torch.nn.functional.relu torch.nn.functional.normalize
+        torch.einsum torch.optim torch.optim.SGD torch.nn.functional.silu torch.nn.functional.relu
+        torch.nn.functional.normalize
         torch.complex torch.polar torch.Generator torch.Tensor torch.__version__ torch._dynamo.reset torch._foreach_norm
         torch._foreach_sub torch.addcmul torch.amp torch._dynamo.utils.counters
         torch.atan2 torch.acos torch.count_nonzero torch.sigmoid torch.erf torch.logsumexp torch.nn.functional.one_hot
