@@ -83,7 +83,7 @@ options("sandwich")(NormOptions)
 @options("peri_ln")
 @dataclass
 class PeriLNOptions(NormOptions):
-    embed_norm: str = "layer"         # input step: none | layer | scalenorm | unit
+    embed_norm: str = "layer"
 
 
 @options("keel")
@@ -108,7 +108,7 @@ RetractionP = Annotated[float, Range(0, math.inf, "(]", "(.inf in YAML for the e
 @dataclass
 class SphereOptions(NormOptions):
     """The `norm.*` keys of the sphere family (GeoNorm, the SpheretNorms)."""
-    decay: str = "none"               # step decay lambda: none | harmonic | sqrt | linear
+    decay: str = "none"               # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
     decay_index: Literal["block", "sublayer"] = "block"  # lambda indexed by block k of N, or by sublayer j+1 of 2N
     #: F reads the raw stream h (raw) or Norm(h) (norm; GeoNorm's default)
     sublayer_input: Literal["raw", "norm"] = "raw"
@@ -133,7 +133,7 @@ class SphereOptions(NormOptions):
 @options("geonorm")
 @dataclass
 class GeoNormOptions(SphereOptions):
-    decay: str = "harmonic"           # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
+    decay: str = "harmonic"
     clamp: Annotated[float, Range(0, math.pi, "(]", "(3.14159 = pi)")] = math.pi / 4  # angle clamp c (pi/4)
     a_init: Finite = 1.0              # a at init
     # Attention and the MLP read Norm(h): GeoNorm's stream keeps the embedding's radius, so the raw h
@@ -149,8 +149,8 @@ class GeoNormOptions(SphereOptions):
 @dataclass
 class SpheretOptions(SphereOptions):
     fixed_p: ClassVar[Optional[float]] = None  # set by the variants that are one member of the p-family
-    decay: str = "sqrt"               # step decay lambda: none | harmonic (GeoNorm's) | sqrt (SpheretNorm's) | linear
-    embed_norm: str = "scalenorm"     # input step: none | layer | scalenorm | unit
+    decay: str = "sqrt"
+    embed_norm: str = "scalenorm"
     p: RetractionP = 1.0              # p of the retraction (> 0; .inf = the exponential map)
     alpha_init: Annotated[float, Range(0, math.inf, "()", "(softplus(rho) at init)")] = 1.0  # softplus(rho) at init
 
@@ -184,7 +184,7 @@ options("lns", "mix_ln")(NormOptions)
 @options("ngpt")
 @dataclass
 class NGPTOptions(NormOptions):
-    embed_norm: str = "unit"          # input step: none | layer | scalenorm | unit
+    embed_norm: str = "unit"
     final_norm: bool = False          # output Norm before the LM head
 
 
@@ -192,7 +192,7 @@ class NGPTOptions(NormOptions):
 @options("pre_derf")
 @dataclass
 class PreDerfOptions(NormOptions):
-    embed_norm: str = "scaled"        # input step: none | layer | scalenorm | unit | scaled
+    embed_norm: str = "scaled"
 
     def unread(self, given) -> dict:
         # its Norms are Derf whatever norm.kind says (model/variants/recent.py), so derf_alpha is always read

@@ -387,3 +387,29 @@ def test_an_unknown_top_level_key_names_the_valid_ones_and_the_closest(tmp_path)
         make_cfg(tmp_path, "modle=tiny")
     with pytest.raises(ConfigError, match=r"unknown key foo: the top-level keys are (?!.*did you mean)"):
         make_cfg(tmp_path, "foo=1")
+
+
+def test_the_choices_a_help_line_lists_are_its_registrys_names():
+    """A key picked by name documents its choices once (an Options subclass changing the default inherits
+    the doc), and that list is the registry's: a new input step, norm kind, decay, optimizer, schedule,
+    source or tokenizer that is not in the help fails here (three embed_norm lines had dropped `scaled`)."""
+    import re
+
+    from common.config import field_docs
+    from data.config import DataConfig
+    from data.sources import SOURCES
+    from data.tokenizer import TOKENIZERS
+    from model.decay import DECAYS
+    from model.norm_options import INPUT_STEPS, NORM_KINDS, NORM_OPTIONS
+    from trainer.optim_options import OPTIM_OPTIONS, SCHEDULE_OPTIONS, OptimConfig
+
+    def listed(doc):   # "input step: none | layer (why) | scaled" -> {none, layer, scaled}
+        return {re.sub(r"\s*\(.*$", "", w.split(":")[-1]).strip() for w in doc.split("|")}
+
+    keys = [(DataConfig, "source", SOURCES), (DataConfig, "tokenizer", TOKENIZERS),
+            (OptimConfig, "name", OPTIM_OPTIONS), (OptimConfig, "schedule", SCHEDULE_OPTIONS)]
+    keys += [(cls, k, reg) for cls in NORM_OPTIONS.values()
+             for k, reg in (("kind", NORM_KINDS), ("embed_norm", INPUT_STEPS), ("decay", DECAYS))
+             if k in field_docs(cls)]
+    for cls, key, registry in keys:
+        assert listed(field_docs(cls)[key]) == set(registry), (cls.__name__, key, field_docs(cls)[key])
