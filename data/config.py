@@ -18,7 +18,8 @@ SOURCES = Registry("data.source", DataError)
 
 @dataclass
 class DataConfig:
-    name: Name                        # the corpus's name; the prepared dir is <root>/<name>[-<subset>]-<tokenizer>
+    #: the corpus's name (null: the source's); the prepared dir is <root>/<name>[-<subset>]-<tokenizer>
+    name: Optional[Name] = None
     tokenizer: Name = "bytes"         # bytes (257 ids) | gpt2 (GPT-2 BPE)
     root: Optional[Name] = None       # prepared data root; null: $NANONORM_DATA, else data_cache
     source: Name = "pydocs"           # pydocs | pysrc | hf | local | shards (existing llm.c .bin files in `path`)
@@ -75,6 +76,8 @@ class DataConfig:
     def __post_init__(self) -> None:
         check(self, "data", DataError)
         SOURCES[self.source]  # an unknown name raises one line listing the valid ones
+        if self.name is None:  # a source alone needs no YAML: its corpus is named after it
+            self.name = self.source
         if self.packages is not None and not all(isinstance(p, str) for p in self.packages):
             bad("data.packages", self.packages, "must be a list of distribution names (or null)", DataError)
         for key in ("files", "val_files"):

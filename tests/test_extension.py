@@ -172,7 +172,8 @@ def test_new_data_source_is_one_function(tmp_path):
         docs = [f"document {i}: " + "ab " * i for i in range(1, 50)]
         return [Stream(label="numbers", split=None, total=len(docs), batches=lambda skip: iter([docs[skip:]]))]
     try:
-        cfg = DataConfig.from_any({"name": "n", "source": "numbers", "tokenizer": "bytes", "root": str(tmp_path)})
+        cfg = DataConfig.from_any({"source": "numbers", "root": str(tmp_path)})   # no YAML, no name
+        assert cfg.out_dir == tmp_path / "numbers-bytes"                         # named after its source
         (stream,) = open_streams(cfg)
         assert next(stream.batches(0))[0] == "document 1: ab "
     finally:

@@ -41,3 +41,16 @@ def test_readme_commands_after_the_quick_start_get_their_own_run_dirs():
     assert composed_run_name("norm=geonorm") == geonorm
     assert composed_run_name("norm=geonorm", "norm.sublayer_input=raw") == geonorm + "-sublayer_input=raw"
     assert composed_run_name("train.max_steps=2000", "train.resume=auto") == BASE  # a longer run continues
+
+
+def test_a_corpus_without_a_name_is_named_after_its_source_in_the_run_name_and_its_data_dir():
+    """data.name has a default (null: the source's name), so a source needs no YAML; the run name reads the
+    same name the prepared dir does, not 'None'."""
+    from helpers import compose_config
+
+    from data.config import DataConfig
+
+    cfg = compose_config(["data.name=null", "data.source=pysrc"])
+    assert cfg.run_name == "pre_ln-tiny-gpt2-adamw-pysrc-s1337"
+    assert DataConfig.from_any(cfg.data).out_dir.name == "pysrc-bytes"
+    assert compose_config(["data.source=pysrc"]).run_name.endswith("-pydocs-s1337")   # a name given is kept

@@ -2,7 +2,8 @@
 arch, optimizer, data and seed the name already has. Without it `python train.py model.attn_gate=headwise`
 after the quick start lands in the quick start's run dir and is refused.
 
-    run_name: ${norm.name}-${model.name}-${model.arch}-${optim.name}-${data.name}-s${train.seed}${run_tag:}
+    run_name: ${norm.name}-${model.name}-${model.arch}-${optim.name}-${first:${data.name},${data.source}}-s...
+              ...${train.seed}${run_tag:}      (configs/config.yaml)
 """
 from __future__ import annotations
 
@@ -68,8 +69,11 @@ def _resolve() -> str:
 
 
 def register_resolver() -> None:
-    """`${run_tag:}` for configs/config.yaml (idempotent)."""
+    """`${run_tag:}` and `${first:a,b}` (the first of its arguments that is not null: the corpus's name,
+    else its source's, as DataConfig names it) for configs/config.yaml (idempotent)."""
     from omegaconf import OmegaConf
 
     if not OmegaConf.has_resolver("run_tag"):
         OmegaConf.register_new_resolver("run_tag", _resolve)
+    if not OmegaConf.has_resolver("first"):
+        OmegaConf.register_new_resolver("first", lambda *args: next((a for a in args if a is not None), None))
