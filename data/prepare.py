@@ -32,7 +32,7 @@ from typing import Optional
 import numpy as np
 
 from common import ConfigError, report_user_errors
-from common.errors import disk_full
+from common.errors import disk_full, say_line
 
 from .config import DataConfig, DataError
 from .errors import DiskFull
@@ -229,7 +229,7 @@ PROGRESS_LINE_S = 5.0  # seconds between progress lines when stderr is not a ter
 
 
 def _log(msg: str) -> None:
-    print(f"[data] {msg}", file=sys.stderr, flush=True)
+    say_line(f"[data] {msg}")  # one write: other ranks share this stderr
 
 
 def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
