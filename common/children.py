@@ -195,6 +195,15 @@ class GpuSlots:
             return slot, None
         return slot, {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(self.groups[slot % len(self.groups)])}
 
+    def finished(self, priority: int) -> None:
+        """Priority `priority` will queue nothing more: the slots held for it are free for any (a resumed
+        study whose first cells are published would otherwise idle through the start's hold)."""
+        with self._cond:
+            for s in self.free:
+                if self._freed_by[s] == priority:
+                    self._freed_at[s] = -math.inf
+            self._cond.notify_all()
+
     def release(self, slot: int) -> None:
         with self._cond:
             self._freed_by[slot] = self._held.pop(slot, math.inf)

@@ -261,7 +261,12 @@ def run_part(runner, part: dict) -> None:
     # for its last trunk) goes to the next cell's trunks instead of waiting. A stopped study has its first
     # cells whole, and at most a few trunks of the next.
     with ThreadPoolExecutor(max_workers=max(1, len(cells))) as pool:
-        futures = [pool.submit(run_cell, i, c) for i, c in enumerate(cells)]
+        def cell_then_free(i: int, cell: str) -> None:
+            try:
+                run_cell(i, cell)
+            finally:
+                slots.finished(i)   # its held slots go to the next cells at once
+        futures = [pool.submit(cell_then_free, i, c) for i, c in enumerate(cells)]
         errors = [f.exception() for f in futures]
     stops = [e for e in errors if isinstance(e, children.Stopped)]
     for e in [e for e in errors if e is not None and not isinstance(e, children.Stopped)] + stops:

@@ -238,6 +238,11 @@ def test_waiting_runs_get_a_slot_lowest_priority_first_and_none_after_a_stop(mon
     t0 = time.monotonic()
     held.acquire(0)
     assert time.monotonic() - t0 < 0.2
+    held = children.GpuSlots([], 1, 2, hold_s=30)
+    threading.Timer(0.1, held.finished, (0,)).start()     # priority 0 has nothing left (its cells published)
+    t0 = time.monotonic()
+    held.acquire(1)                                       # the start's hold ends with it, not after 30 s
+    assert time.monotonic() - t0 < 5
     monkeypatch.setattr(children, "_stopped", [15])       # a stop: a waiting run raises instead of starting
     with pytest.raises(children.Stopped):
         slots.acquire()
