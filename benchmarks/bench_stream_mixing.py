@@ -12,19 +12,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
 
+from bench_variants import step, timed   # the same forward + backward and its timer as every variant's row
 from model import GPT, GPTConfig
-
-
-def step(model, x, y) -> float:
-    t0 = time.perf_counter()
-    _, loss = model(x, y)
-    loss.backward()
-    model.zero_grad(set_to_none=True)
-    return time.perf_counter() - t0
 
 
 def main() -> None:
@@ -42,10 +34,10 @@ def main() -> None:
     try:
         for _ in range(args.repeats):
             torch.is_autocast_enabled = real
-            times["pre_ln"].append(step(models["pre_ln"], x, y))
+            times["pre_ln"].append(timed(lambda: step(models["pre_ln"], x, y)))
             for form, autocast in (("broadcast", True), ("einsum", False)):
                 torch.is_autocast_enabled = lambda *a, on=autocast: on
-                times[form].append(step(models[args.variant], x, y))
+                times[form].append(timed(lambda: step(models[args.variant], x, y)))
     finally:
         torch.is_autocast_enabled = real
     med = {k: statistics.median(v[1:]) for k, v in times.items()}
