@@ -10,11 +10,12 @@ from typing import Annotated, Any, Literal, Mapping, Optional
 from common import ConfigError, Registry
 from common.config import Name, PosInt, Range, bad, build, check, defaults, own_options, to_plain, union_keys
 
-from .norm_options import NORM_OPTIONS, NormOptions
+from .norm_options import VARIANTS, NormOptions
 
-# Weight init schemes (`model.init`), name -> fn(model, cfg): filled by model/init.py, which the first look-up
-# imports (so the schema alone needs no torch)
-INITS = Registry("model.init", filled_by=f"{__package__}.init")
+# Weight init schemes (`model.init`), name -> fn(model, cfg) in model/init.py, imported when a model is built
+INITS = Registry("model.init")
+for _name in ("nanogpt", "fan_in"):
+    INITS.add(_name, f"{__package__}.init:{_name}")
 
 
 def norm_options(node: Any) -> NormOptions:
@@ -22,7 +23,7 @@ def norm_options(node: Any) -> NormOptions:
     given = {k: v for k, v in to_plain(asdict(node) if isinstance(node, NormOptions) else node).items()
              if v is not None}
     name = given.setdefault("name", NormOptions.name)
-    cls = NORM_OPTIONS[name]  # an unknown name raises ConfigError listing the valid ones
+    cls = VARIANTS.options(name)  # an unknown name raises ConfigError listing the valid ones
     opts = own_options(cls, given, "norm", f"norm.name={name}", norm_group_keys())
     for k, setting in opts.unread(set(given)).items():
         bad(f"norm.{k}", given[k], f"read only with {setting} (its options: {', '.join(f.name for f in fields(cls))})")
@@ -31,7 +32,7 @@ def norm_options(node: Any) -> NormOptions:
 
 def norm_group_keys() -> dict:
     """{key: the Options class that declares it first} over every registered variant: the `norm` schema."""
-    return union_keys(NORM_OPTIONS.values())
+    return union_keys(VARIANTS.options(name) for name in VARIANTS)
 
 
 @dataclass
@@ -63,7 +64,7 @@ class GPTConfig:
     norm: Any = NormOptions.name  # a variant name, a mapping of norm.* keys or its Options (built from either)
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.norm, NormOptions) and type(self.norm) is NORM_OPTIONS[self.norm.name]):
+        if not (isinstance(self.norm, NormOptions) and type(self.norm) is VARIANTS.options(self.norm.name)):
             self.norm = norm_options({"name": self.norm} if isinstance(self.norm, str) else self.norm)
         check(self, "model")
         if self.n_embd % self.n_head:
@@ -117,7 +118,7 @@ _FLAT = {"norm": "name", "norm_kind": "kind", "norm_eps": "eps", "geonorm_clamp"
 def _from_flat(d: dict) -> dict:
     """An old flat model_config in today's form: the norm keys the variant reads, under `norm`."""
     flat = {key: d.pop(old) for old, key in _FLAT.items() if old in d}
-    own = {f.name for f in fields(NORM_OPTIONS[flat["name"]])}
+    own = {f.name for f in fields(VARIANTS.options(flat["name"]))}
     norm = {k: v for k, v in flat.items() if k in own}
     if norm.get("embed_norm") != "scalenorm":    # a radius flag without a ScaleNorm was never read
         norm.pop("learn_radius", None)

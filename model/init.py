@@ -1,4 +1,5 @@
-"""Weight initialisation schemes (`model.init`), picked by name from `INITS`.
+"""Weight initialisation schemes (`model.init`), picked by name from `INITS` (model/config.py,
+where each scheme below is named).
 
 A scheme sets every Linear and Embedding weight of a freshly built GPT (biases to zero); the
 variant's own `init_weights` hook (DeepNorm's beta gains, nGPT's unit rows) runs after it.
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 import torch.nn as nn
 
-from .config import INITS  # name -> fn(model, cfg); filled here, read by the config to check a name
+from .config import INITS  # name -> the functions below
 
 if TYPE_CHECKING:
     from .config import GPTConfig
@@ -48,7 +49,6 @@ def _apply(model: nn.Module, std: Callable[[int], float], embed_std: float, resi
             nn.init.normal_(p, mean=0.0, std=std(p.shape[1]) * resid_scale)  # weight is [out, in]
 
 
-@INITS.register("nanogpt")
 def nanogpt(model: nn.Module, cfg: "GPTConfig") -> None:
     """nanoGPT / GPT-2: every matrix and embedding N(0, 0.02), biases 0, residual projections
     N(0, 0.02/sqrt(2N)); width-independent, so a wider model's stream and logits start relatively smaller."""
@@ -56,7 +56,6 @@ def nanogpt(model: nn.Module, cfg: "GPTConfig") -> None:
     _apply(model, lambda fan_in: 0.02, embed, 1.0 / math.sqrt(2 * cfg.n_layer))
 
 
-@INITS.register("fan_in")
 def fan_in(model: nn.Module, cfg: "GPTConfig") -> None:
     """Width-scaled (LeCun / torchtitan-style): every matrix N(0, 1/fan_in), residual projections also
     times 1/sqrt(2N); embeddings N(0, 1/d) [our choice: the tied table is also the LM head, whose

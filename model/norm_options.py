@@ -1,6 +1,7 @@
-"""The `norm.*` keys of every variant, without torch: the config, `--help` and Hydra's composition read
-them before a model is built. `NORM_OPTIONS` maps a variant's name to its `Options` dataclass; the
-variant class of the same name (model/variants/) takes it as its `Options`.
+"""The variants by name, with their `norm.*` keys, without torch: the config, `--help` and Hydra's composition
+read them before a model is built. `VARIANTS` maps a variant's name to its class in model/variants/ (imported
+when first read) and records its `Options` dataclass (`VARIANTS.options(name)`); the order here is the order
+of every table and legend.
 
 Each Options extends its parent's (and may change a parent's default: Post-LN has no output Norm), so
 `GPTConfig.norm.clamp` exists exactly for the variants that read it. A new option is one field with its
@@ -17,19 +18,23 @@ from typing import Annotated, ClassVar, Literal, Optional
 from common import Registry
 from common.config import Finite, NonNeg, PosInt, Positive, Range, bad, check
 
-NORM_OPTIONS = Registry("norm.name")   # variant name -> its Options class, in the variants' order
-# The Norm of every sublayer (`norm.kind`) and the input step (`norm.embed_norm`), name -> class: filled by
-# model/norms.py, which the first look-up imports (so the schema alone needs no torch)
-NORM_KINDS = Registry("norm.kind", filled_by=f"{__package__}.norms")
-INPUT_STEPS = Registry("norm.embed_norm", filled_by=f"{__package__}.norms")
+VARIANTS = Registry("norm.name")   # variant name -> its class (model/variants/), with its Options
+# The Norm of every sublayer (`norm.kind`) and the input step (`norm.embed_norm`): name -> its factory in
+# model/norms.py (cfg -> module), imported when a model is built
+NORM_KINDS = Registry("norm.kind")
+INPUT_STEPS = Registry("norm.embed_norm")
+for _name in ("layernorm", "rmsnorm", "derf"):
+    NORM_KINDS.add(_name, f"{__package__}.norms:{_name}")
+for _name in ("none", "layer", "scalenorm", "scaled", "unit"):
+    INPUT_STEPS.add(_name, f"{__package__}.norms:{_name}_input")
 
 
-def options(*names: str):
-    """Record the decorated Options class as the `norm.*` keys of each variant in `names`."""
-    def deco(cls):
-        for name in names:
-            NORM_OPTIONS.add(name, cls)
-        return cls
+def variant(name: str, cls: str):
+    """Record the decorated Options class as the `norm.*` keys of variant `name`, whose class is `cls`
+    ("family:Class" in model/variants/)."""
+    def deco(options):
+        VARIANTS.add(name, f"{__package__}.variants.{cls}", options=options)
+        return options
     return deco
 
 
@@ -60,16 +65,16 @@ class NormOptions:
 
 
 # ---- the classic placements (model/variants/classic.py) ----
-options("pre_ln")(NormOptions)
+variant("pre_ln", "classic:PreLN")(NormOptions)
 
 
-@options("post_ln")
+@variant("post_ln", "classic:PostLN")
 @dataclass
 class PostLNOptions(NormOptions):
     final_norm: bool = False          # output Norm before the LM head
 
 
-@options("deepnorm")
+@variant("deepnorm", "classic:DeepNorm")
 @dataclass
 class DeepNormOptions(NormOptions):
     final_norm: bool = False          # output Norm before the LM head
@@ -77,23 +82,23 @@ class DeepNormOptions(NormOptions):
     deepnorm_init: Literal["scaled", "xavier"] = "scaled"
 
 
-options("sandwich")(NormOptions)
+variant("sandwich", "classic:Sandwich")(NormOptions)
 
 
-@options("peri_ln")
+@variant("peri_ln", "classic:PeriLN")
 @dataclass
 class PeriLNOptions(NormOptions):
     embed_norm: str = "layer"
 
 
-@options("keel")
+@variant("keel", "classic:Keel")
 @dataclass
 class KeelOptions(NormOptions):
     final_norm: bool = False          # output Norm before the LM head
     first_layer: Literal["v2", "v1"] = "v2"  # Keel's first sublayers
 
 
-@options("pre_dyt")
+@variant("pre_dyt", "classic:PreDyT")
 @dataclass
 class PreDyTOptions(NormOptions):
     alpha_attn: Finite = 0.5          # DyT alpha at init, attention sublayers
@@ -130,7 +135,7 @@ class SphereOptions(NormOptions):
         return math.inf
 
 
-@options("geonorm")
+@variant("geonorm", "sphere:GeoNorm")
 @dataclass
 class GeoNormOptions(SphereOptions):
     decay: str = "harmonic"
@@ -145,7 +150,7 @@ class GeoNormOptions(SphereOptions):
         return self.clamp
 
 
-@options("spheret")
+@variant("spheret", "sphere:SpheretNorm")
 @dataclass
 class SpheretOptions(SphereOptions):
     fixed_p: ClassVar[Optional[float]] = None  # set by the variants that are one member of the p-family
@@ -163,14 +168,14 @@ class SpheretOptions(SphereOptions):
         return self.p * math.pi / 2  # p atan(beta/p) < p pi/2; inf for the exponential map
 
 
-@options("proj_spheret")
+@variant("proj_spheret", "sphere:ProjSpheretNorm")
 @dataclass
 class ProjSpheretOptions(SpheretOptions):
     fixed_p: ClassVar[Optional[float]] = 1.0
     p: RetractionP = 1.0              # fixed: 1 (use norm=spheret to choose p)
 
 
-@options("cay_spheret")
+@variant("cay_spheret", "sphere:CaySpheretNorm")
 @dataclass
 class CaySpheretOptions(SpheretOptions):
     fixed_p: ClassVar[Optional[float]] = 2.0
@@ -178,10 +183,11 @@ class CaySpheretOptions(SpheretOptions):
 
 
 # ---- depth-dependent placements (model/variants/depth.py) and nGPT (model/variants/ngpt.py) ----
-options("lns", "mix_ln")(NormOptions)
+variant("lns", "depth:LayerNormScaling")(NormOptions)
+variant("mix_ln", "depth:MixLN")(NormOptions)
 
 
-@options("ngpt")
+@variant("ngpt", "ngpt:NGPT")
 @dataclass
 class NGPTOptions(NormOptions):
     embed_norm: str = "unit"
@@ -189,7 +195,7 @@ class NGPTOptions(NormOptions):
 
 
 # ---- the 2025-26 methods on one stream (model/variants/recent.py) ----
-@options("pre_derf")
+@variant("pre_derf", "recent:PreDerf")
 @dataclass
 class PreDerfOptions(NormOptions):
     embed_norm: str = "scaled"
@@ -199,27 +205,27 @@ class PreDerfOptions(NormOptions):
         return {k: v for k, v in super().unread(given).items() if k != "derf_alpha"}
 
 
-@options("ortho_pre_ln")
+@variant("ortho_pre_ln", "recent:OrthoPreLN")
 @dataclass
 class OrthoOptions(NormOptions):
     ortho_eps: NonNeg = 1e-6          # eps in <s,h>/(||h||^2 + eps) (the paper's code: 1e-6)
 
 
-@options("hybridnorm")
+@variant("hybridnorm", "recent:HybridNorm")
 @dataclass
 class HybridNormOptions(NormOptions):
     star: bool = False                # HybridNorm*: the first block Pre-Norm (the paper's variant)
 
 
 # ---- widened streams (model/variants/streams.py) ----
-@options("hc")
+@variant("hc", "streams:HyperConnections")
 @dataclass
 class StreamOptions(NormOptions):
     streams: PosInt = 4               # n: copies of the residual stream (the expansion rate; the papers' 4)
     dynamic: bool = False             # coefficients also computed from the stream (the papers' dynamic form)
 
 
-@options("mhc")
+@variant("mhc", "streams:ManifoldHyperConnections")
 @dataclass
 class ManifoldStreamOptions(StreamOptions):
     sinkhorn_iters: PosInt = 20       # Sinkhorn-Knopp iterations of H_res (the paper's t_max)

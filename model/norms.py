@@ -1,7 +1,8 @@
 """Normalization layers: LayerNorm, RMSNorm (`Norm` in docs/variants.md), DyT, ScaleNorm, and input steps.
 
-`norm.kind` picks the Norm from NORM_KINDS and `norm.embed_norm` the input step from INPUT_STEPS;
-each is a registry, so a new kind is one function under its decorator.
+`norm.kind` picks the Norm from NORM_KINDS and `norm.embed_norm` the input step from INPUT_STEPS: each name
+is recorded in model/norm_options.py (torch-free, so the config checks it) with the factory below that it
+builds, `cfg -> module`. A new kind is its module, its factory here and its name there.
 """
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .norm_options import INPUT_STEPS, NORM_KINDS  # filled here, read by the norm options to check a name
+from .norm_options import INPUT_STEPS, NORM_KINDS  # name -> the factories below
 
 if TYPE_CHECKING:  # type hints only
     from .config import GPTConfig
@@ -125,18 +126,15 @@ class UnitNorm(nn.Module):
         return (x32 / x32.norm(dim=-1, keepdim=True).clamp_min(1e-12)).to(x.dtype)
 
 
-@NORM_KINDS.register("layernorm")
-def _layernorm(cfg: "GPTConfig") -> nn.Module:
+def layernorm(cfg: "GPTConfig") -> nn.Module:
     return LayerNorm(cfg.n_embd, cfg.norm.eps, bias=cfg.bias)
 
 
-@NORM_KINDS.register("rmsnorm")
-def _rmsnorm(cfg: "GPTConfig") -> nn.Module:
+def rmsnorm(cfg: "GPTConfig") -> nn.Module:
     return RMSNorm(cfg.n_embd, cfg.norm.eps)
 
 
-@NORM_KINDS.register("derf")
-def _derf(cfg: "GPTConfig") -> nn.Module:
+def derf(cfg: "GPTConfig") -> nn.Module:
     return Derf(cfg.n_embd, alpha_init=cfg.norm.derf_alpha)         # point-wise: norm.eps is not read
 
 
@@ -145,28 +143,23 @@ def make_norm(cfg: "GPTConfig") -> nn.Module:
     return NORM_KINDS[cfg.norm.kind](cfg)
 
 
-@INPUT_STEPS.register("none")
-def _no_input_step(cfg: "GPTConfig") -> nn.Module:
+def none_input(cfg: "GPTConfig") -> nn.Module:
     return nn.Identity()                                            # h = e
 
 
-@INPUT_STEPS.register("layer")
-def _norm_input_step(cfg: "GPTConfig") -> nn.Module:
+def layer_input(cfg: "GPTConfig") -> nn.Module:
     return make_norm(cfg)                                           # h = Norm(e): Peri-LN
 
 
-@INPUT_STEPS.register("scalenorm")
-def _scalenorm_input_step(cfg: "GPTConfig") -> nn.Module:
+def scalenorm_input(cfg: "GPTConfig") -> nn.Module:
     return ScaleNorm(cfg.n_embd, learnable=cfg.norm.learn_radius)       # h = g sqrt(d) e/||e||: SpheretNorm
 
 
-@INPUT_STEPS.register("scaled")
-def _scaled_input_step(cfg: "GPTConfig") -> nn.Module:
+def scaled_input(cfg: "GPTConfig") -> nn.Module:
     return ScaledInput(cfg.n_embd)                                  # h = s e, s init sqrt(d): pre_derf
 
 
-@INPUT_STEPS.register("unit")
-def _unit_input_step(cfg: "GPTConfig") -> nn.Module:
+def unit_input(cfg: "GPTConfig") -> nn.Module:
     return UnitNorm()                                               # h = e/||e||: nGPT
 
 

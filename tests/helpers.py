@@ -20,8 +20,7 @@ def unregister(registry, name: str) -> None:
     """Remove a component a test registered (the registries have no removal: components are defined
     once, at import)."""
     registry._items.pop(name, None)
-    if registry.options is not None:  # its keys were recorded beside it
-        registry.options._items.pop(name, None)
+    registry._options.pop(name, None)  # its keys, recorded beside it
 
 
 def gpt_config(norm: str = "pre_ln", **kw) -> GPTConfig:

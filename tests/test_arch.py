@@ -158,12 +158,13 @@ def test_no_preset_overrides_a_variant_s_own_norm_default():
     default a key a preset sets; such a variant builds its Norm itself (as pre_derf and pre_dyt do)."""
     import yaml
     from common.config import defaults
-    from model.norm_options import NORM_OPTIONS, NormOptions
+    from model.norm_options import VARIANTS, NormOptions
 
     base = defaults(NormOptions)
     for arch in PRESETS:
         for key in (yaml.safe_load((ROOT / "configs" / "arch" / f"{arch}.yaml").read_text()) or {}).get("norm", {}):
-            own = [v for v, cls in NORM_OPTIONS.items() if defaults(cls).get(key, base.get(key)) != base.get(key)]
+            own = [v for v, cls in VARIANTS.all_options().items()
+                   if defaults(cls).get(key, base.get(key)) != base.get(key)]
             assert not own, f"arch={arch} sets norm.{key}, which {own} default away from the base"
 
 

@@ -189,8 +189,7 @@ def test_every_config_field_has_a_one_line_doc():
     from trainer.schedules import SCHEDULES
 
     for cls in (GPTConfig, ModelGroup, DataConfig, TrainConfig, OptimConfig, GroupConfig, MuonSettings, LoggingConfig,
-                WandbConfig, EvalConfig, *(o.Options for o in OPTIMIZERS.values()),
-                *(s.Options for s in SCHEDULES.values())):
+                WandbConfig, EvalConfig, *OPTIMIZERS.all_options().values(), *SCHEDULES.all_options().values()):
         own = set(vars(cls).get("__annotations__", {}))  # the fields this class declares (not inherited)
         assert own <= set(field_docs(cls)), (cls.__qualname__, own - set(field_docs(cls)))
 
@@ -323,29 +322,61 @@ def test_every_train_command_in_the_readme_and_docs_composes_and_validates():
             pytest.fail(f"{source}: train.py {command}: {type(e).__name__}: {e}")
 
 
-def test_a_registry_filled_by_a_module_imports_it_on_the_first_look_up(tmp_path, monkeypatch):
-    """The config checks names of components defined in torch modules (model.init, norm.kind) through
-    registries that import their filling module on first use, never before: the schema stays torch-free."""
+def test_a_registry_entry_named_by_path_is_imported_when_first_read_never_before(tmp_path, monkeypatch):
+    """The config checks names and reads the keys of components defined in torch modules (variants, norm
+    kinds, inits, optimizers) through entries named by path: the module is imported when the component
+    itself is first read, never for a name check or its Options, so the schema stays torch-free."""
     import sys
+    from dataclasses import dataclass
 
     from common import ConfigError, Registry
 
-    (tmp_path / "fills_kinds.py").write_text(
-        "from test_registry_target import KINDS\n"
-        "@KINDS.register('plain')\n"
-        "def plain(): return 'plain'\n")
-    target = type(sys)("test_registry_target")
-    target.KINDS = Registry("thing.kind", filled_by="fills_kinds")
-    monkeypatch.setitem(sys.modules, "test_registry_target", target)
+    (tmp_path / "holds_kinds.py").write_text("class Plain:\n    pass\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    assert "fills_kinds" not in sys.modules
-    target.KINDS.register("mine")(lambda: "mine")  # a user's own, added before the built-ins are loaded
-    assert "fills_kinds" not in sys.modules
-    assert target.KINDS["plain"]() == "plain" and "fills_kinds" in sys.modules
-    assert list(target.KINDS) == ["mine", "plain"]
-    with pytest.raises(ConfigError, match=r"unknown thing.kind='nope': valid are mine, plain"):
-        target.KINDS["nope"]
-    monkeypatch.delitem(sys.modules, "fills_kinds")
+
+    @dataclass
+    class PlainOptions:
+        width: int = 3
+
+    kinds = Registry("thing.kind")
+    kinds.add("plain", "holds_kinds:Plain", options=PlainOptions)
+
+    @kinds.register("mine")
+    class Mine:  # a user's own, carrying its keys
+        @dataclass
+        class Options:
+            depth: int = 1
+
+    assert "plain" in kinds and list(kinds) == ["plain", "mine"]
+    assert kinds.options("plain") is PlainOptions and kinds.all_options() == {"plain": PlainOptions,
+                                                                               "mine": Mine.Options}
+    assert "holds_kinds" not in sys.modules
+    assert kinds["plain"].__name__ == "Plain" and kinds["plain"].name == "plain" and "holds_kinds" in sys.modules
+
+    class Sub(sys.modules["holds_kinds"].Plain):  # a user's subclass of a built-in reads the built-in's keys
+        pass
+    assert kinds._carried_options(Sub) is PlainOptions
+    for read in (lambda: kinds["nope"], lambda: kinds.options("nope")):
+        with pytest.raises(ConfigError, match=r"^unknown thing.kind='nope': valid are plain, mine$"):
+            read()
+    monkeypatch.delitem(sys.modules, "holds_kinds")
+
+
+def test_every_component_named_by_path_resolves_to_its_class():
+    """Each built-in's path, written once beside its name, names what the code defines (a renamed class fails
+    here, not in a user's run)."""
+    from model.config import INITS
+    from model.norm_options import INPUT_STEPS, NORM_KINDS, VARIANTS
+    from model.variants import Variant
+    from trainer.optim_options import OPTIMIZERS, SCHEDULES
+    from trainer.schedules import Schedule
+
+    for registry in (INITS, INPUT_STEPS, NORM_KINDS, OPTIMIZERS, SCHEDULES, VARIANTS):
+        for name in registry:
+            assert callable(registry[name]), (registry.key, name)
+    assert all(issubclass(VARIANTS[n], Variant) and VARIANTS[n].name == n for n in VARIANTS)
+    assert all(issubclass(SCHEDULES[n], Schedule) for n in SCHEDULES)
+    assert all(hasattr(OPTIMIZERS[n], "build") for n in OPTIMIZERS)
 
 
 def test_the_model_config_checks_init_and_norm_names_and_imports_torch_only_then():
@@ -400,15 +431,15 @@ def test_the_choices_a_help_line_lists_are_its_registrys_names():
     from data.sources import SOURCES
     from data.tokenizer import TOKENIZERS
     from model.decay import DECAYS
-    from model.norm_options import INPUT_STEPS, NORM_KINDS, NORM_OPTIONS
-    from trainer.optim_options import OPTIM_OPTIONS, SCHEDULE_OPTIONS, OptimConfig
+    from model.norm_options import INPUT_STEPS, NORM_KINDS, VARIANTS
+    from trainer.optim_options import OPTIMIZERS, SCHEDULES, OptimConfig
 
     def listed(doc):   # "input step: none | layer (why) | scaled" -> {none, layer, scaled}
         return {re.sub(r"\s*\(.*$", "", w.split(":")[-1]).strip() for w in doc.split("|")}
 
     keys = [(DataConfig, "source", SOURCES), (DataConfig, "tokenizer", TOKENIZERS),
-            (OptimConfig, "name", OPTIM_OPTIONS), (OptimConfig, "schedule", SCHEDULE_OPTIONS)]
-    keys += [(cls, k, reg) for cls in NORM_OPTIONS.values()
+            (OptimConfig, "name", OPTIMIZERS), (OptimConfig, "schedule", SCHEDULES)]
+    keys += [(cls, k, reg) for cls in VARIANTS.all_options().values()
              for k, reg in (("kind", NORM_KINDS), ("embed_norm", INPUT_STEPS), ("decay", DECAYS))
              if k in field_docs(cls)]
     for cls, key, registry in keys:

@@ -16,7 +16,8 @@ from helpers import gpt_config
 from model.config import ConfigError
 from model.norms import ScaleNorm
 from trainer.config import GroupConfig, GroupsConfig
-from trainer.optim import AdamW, build_optimizer
+from trainer.optim import build_optimizer
+from trainer.optim_options import AdamWOptions
 
 from helpers import assert_resume_is_exact, make_cfg, records
 from runtime import checkpoint as ck
@@ -79,7 +80,7 @@ def _old_optimizer(model, lr, wd):
 @pytest.mark.parametrize("norm", ["pre_ln", "geonorm", "proj_spheret", "pre_dyt"])
 def test_default_groups_reproduce_the_previous_optimizer(norm):
     a, b = tiny(norm), tiny(norm)
-    new = build_optimizer(a, AdamW.Options(lr=3e-3, weight_decay=0.1, fused=True), CPU)
+    new = build_optimizer(a, AdamWOptions(lr=3e-3, weight_decay=0.1, fused=True), CPU)
     old, old_lr = _old_optimizer(b, 3e-3, 0.1)
     x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(1))
     for step in range(4):
@@ -101,7 +102,7 @@ def test_lr_mult_scales_the_first_step():
     for mult in (1.0, 30.0):
         m = tiny("geonorm")
         groups = GroupsConfig(scalars=GroupConfig(lr_mult=mult, weight_decay=0.0))
-        opt = build_optimizer(m, AdamW.Options(lr=1e-4, groups=groups, fused=True), CPU)
+        opt = build_optimizer(m, AdamWOptions(lr=1e-4, groups=groups, fused=True), CPU)
         opt.set_lr(torch.tensor(1e-4, dtype=torch.float64))
         before = {n: p.detach().clone() for n, p in m.named_parameters()}
         x = torch.randint(0, 64, (4, 16), generator=torch.Generator().manual_seed(2))
@@ -117,13 +118,13 @@ def test_lr_mult_scales_the_first_step():
 
 def test_group_weight_decay_and_validation():
     groups = GroupsConfig(vectors=GroupConfig(weight_decay=0.05), embeddings=GroupConfig(weight_decay=0.0))
-    opt = build_optimizer(tiny("geonorm"), AdamW.Options(weight_decay=0.1, groups=groups), CPU)
+    opt = build_optimizer(tiny("geonorm"), AdamWOptions(weight_decay=0.1, groups=groups), CPU)
     assert {g["group"]: g["weight_decay"] for g in opt.param_groups} == {
         "matrices": 0.1, "embeddings": 0.0, "vectors": 0.05, "scalars": 0.0}
     with pytest.raises(ConfigError, match=r"optim\.groups\.scalars\.lr_mult=0"):
-        AdamW.Options(groups=GroupsConfig(scalars=GroupConfig(lr_mult=0)))
+        AdamWOptions(groups=GroupsConfig(scalars=GroupConfig(lr_mult=0)))
     with pytest.raises(ConfigError, match=r"optim\.groups\.vectors\.weight_decay=-1"):
-        AdamW.Options(groups=GroupsConfig(vectors=GroupConfig(weight_decay=-1)))
+        AdamWOptions(groups=GroupsConfig(vectors=GroupConfig(weight_decay=-1)))
 
 
 def test_group_overrides_through_hydra_and_unknown_group(tmp_path):

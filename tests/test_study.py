@@ -139,6 +139,7 @@ def test_a_new_part_kind_is_one_dataclass_whose_fields_are_its_typed_keys():
     from common.config import PosInt
     from common.errors import ConfigError
     from experiments.study_parts import PART_KINDS, Part, build_part, kind
+    from helpers import unregister
 
     @kind("probe")
     @dataclass(kw_only=True)
@@ -158,7 +159,7 @@ def test_a_new_part_kind_is_one_dataclass_whose_fields_are_its_typed_keys():
         with pytest.raises(ConfigError, match=r"^parts\[0\].kind: 'prob': valid are grid, .*, horizon, probe$"):
             build_part(0, {"name": "pr", "kind": "prob"})
     finally:
-        PART_KINDS._items.pop("probe")
+        unregister(PART_KINDS, "probe")
 
 
 def test_unknown_study_part_and_cell_are_one_line():

@@ -28,11 +28,11 @@ def config_help(config_dir: Path) -> str:
     from common.config import defaults
     from data.config import DataConfig
     from model.config import GPTConfig, ModelGroup
-    from model.norm_options import NORM_OPTIONS
+    from model.norm_options import VARIANTS
 
     from .config import LoggingConfig, TrainConfig
     from .config_store import register_code_configs
-    from .optim_options import OPTIM_OPTIONS, SCHEDULE_OPTIONS, flat_schedule
+    from .optim_options import OPTIMIZERS, SCHEDULES, flat_schedule
 
     config_dir = Path(config_dir)
     top = (config_dir / "config.yaml").read_text()
@@ -42,8 +42,8 @@ def config_help(config_dir: Path) -> str:
         cfg = OmegaConf.to_container(compose("config"), resolve=False)
     readers = {"train": [("", TrainConfig)], "logging": [("", LoggingConfig)], "data": [("", DataConfig)],
                "model": [("", ModelGroup), ("", GPTConfig)],  # (component name, its Options)
-               "norm": list(NORM_OPTIONS.items()),
-               "optim": [*OPTIM_OPTIONS.items(), *SCHEDULE_OPTIONS.items()]}
+               "norm": list(VARIANTS.all_options().items()),
+               "optim": [*OPTIMIZERS.all_options().items(), *SCHEDULES.all_options().items()]}
     own = {cls: defaults(cls) for rs in readers.values() for _, cls in rs}  # each class's keys and defaults, once
     lines = ["usage: python train.py [group=option ...] [key=value ...]",
              "       torchrun --nproc_per_node=N train.py ...    (DDP; see docs/training.md)",
@@ -53,7 +53,7 @@ def config_help(config_dir: Path) -> str:
              "",
              "Config groups (default in brackets):"]
     for group in sorted(picked):
-        choices = ({"norm": list(NORM_OPTIONS), "optim": list(OPTIM_OPTIONS)}.get(group)
+        choices = ({"norm": list(VARIANTS), "optim": list(OPTIMIZERS)}.get(group)
                    or sorted(p.stem for p in (config_dir / group).glob("*.yaml")))
         if choices:
             lines.append(f"  {group + '=':<12} " + ", ".join(f"[{c}]" if c == picked[group] else c for c in choices))

@@ -32,11 +32,11 @@ def component_nodes() -> dict:
     """{group: {component: {key: default}}}: each `norm=<variant>` and `optim=<optimizer>` option, the
     component's own keys at its defaults."""
     from common.config import defaults
-    from model.norm_options import NORM_OPTIONS
+    from model.norm_options import VARIANTS
 
     from .optim_options import optim_nodes
 
-    return {"norm": {name: {**defaults(cls), "name": name} for name, cls in NORM_OPTIONS.items()},
+    return {"norm": {name: {**defaults(cls), "name": name} for name, cls in VARIANTS.all_options().items()},
             "optim": optim_nodes()}
 
 

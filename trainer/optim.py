@@ -5,9 +5,9 @@ The model says which group each parameter is in (`GPT.parameter_groups`: matrice
 vectors, scalars); `optim.groups.<group>` gives each group an lr multiplier and a weight decay.
 The LR lives in 0-dim tensors computed on the device from a device-side count of applied updates,
 so a skipped (non-finite) step leaves the schedule where it was without a host sync. A new optimizer
-is a class under `@OPTIMIZERS.register("name")` with a `build(model, optim_cfg, device)` returning an
-`Optimizer`; its keys are an `Options` dataclass extending OptimConfig (the keys every optimizer reads),
-in optim_options.py beside the others (torch-free), or on the class for one defined in a user's module.
+is a class with a `build(model, optim_cfg, device)` returning an `Optimizer`, named with its keys (an
+`Options` dataclass extending OptimConfig, the keys every optimizer reads) in optim_options.py (torch-free);
+one defined in a user's module is a class under `@OPTIMIZERS.register("name")` carrying its Options.
 """
 from __future__ import annotations
 
@@ -16,13 +16,12 @@ from typing import Optional
 
 import torch
 
-from common import ConfigError, Registry
+from common import ConfigError
 
-from .optim_options import (OPTIM_OPTIONS, GroupConfig, GroupsConfig, MuonSettings, OptimConfig,  # noqa: F401
+from .optim_options import (OPTIMIZERS, GroupConfig, GroupsConfig, MuonSettings, OptimConfig,  # noqa: F401
                             flat_schedule, optim_config)  # (re-exported: the config is read from here too)
 from .schedules import SCHEDULES, Schedule
 
-OPTIMIZERS = Registry("optim.name", options=OPTIM_OPTIONS)  # a class takes its Options from optim_options.py
 
 
 class Optimizer:
@@ -119,7 +118,6 @@ def build_optimizer(model: torch.nn.Module, optim_cfg: OptimConfig, device: torc
     return OPTIMIZERS[optim_cfg.name].build(model, optim_cfg, device)
 
 
-@OPTIMIZERS.register("adamw")
 class AdamW:
     """AdamW over every group (fused where torch has the kernel)."""
 
@@ -129,7 +127,6 @@ class AdamW:
         return Optimizer(opt, lr, [g["lr"] for g in opt.param_groups], group_settings(optim_cfg), fused)
 
 
-@OPTIMIZERS.register("muon")
 class Muon:
     """Muon for the matrices group, AdamW (its keys: AdamW's) for the rest: MuonAdamW."""
 

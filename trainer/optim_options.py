@@ -1,8 +1,8 @@
 """The `optim.*` keys, without torch: the keys every optimizer reads (`OptimConfig`), each optimizer's and
-each LR schedule's own `Options` by name (`OPTIM_OPTIONS`, `SCHEDULE_OPTIONS`), and `optim_config`, which
-builds the pair from the composed group. The config, `--help` and composition read them before torch is
-imported; the optimizer and schedule classes of the same names (optim.py, schedules.py) take them as
-their `Options`. An optimizer or schedule defined in a user's own module may carry its Options instead.
+each LR schedule by name with its own `Options` (`OPTIMIZERS`, `SCHEDULES`: the class in optim.py or
+schedules.py, imported when first read), and `optim_config`, which builds the pair from the composed group.
+The config, `--help` and composition read them before torch is imported. An optimizer or schedule defined in
+a user's own module is one class under `@OPTIMIZERS.register("name")`, carrying its Options.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from common import Registry
 from common.config import (NonNeg, NonNegInt, PosInt, Positive, Range, bad, check, defaults, own_options, set_values,
                            to_plain, union_keys)
 
-OPTIM_OPTIONS = Registry("optim.name")         # optimizer name -> its Options
-SCHEDULE_OPTIONS = Registry("optim.schedule")  # LR schedule name -> its Options
+OPTIMIZERS = Registry("optim.name")         # optimizer name -> its class (optim.py), with its Options
+SCHEDULES = Registry("optim.schedule")      # LR schedule name -> its class (schedules.py), with its Options
 
 
 @dataclass(frozen=True)
@@ -76,7 +76,7 @@ class OptimConfig:
     #: max global grad norm; 0 = no clipping (the norm is still logged)
     grad_clip: Annotated[float, Range(0, note="(0 = no clipping)")] = 1.0
     #: the LR schedule (trainer/schedules.py): cosine | wsd | constant
-    schedule: Any = field(default_factory=lambda: SCHEDULE_OPTIONS[ScheduleOptions.name]())
+    schedule: Any = field(default_factory=lambda: SCHEDULES.options(ScheduleOptions.name)())
     warmup_steps: NonNegInt = 50          # linear warmup (all schedules)
     groups: GroupsConfig = field(default_factory=GroupsConfig)  # per parameter group: lr = schedule x lr_mult
 
@@ -121,7 +121,7 @@ class MuonOptions(AdamWOptions):
     #: 0 = no clipping (modded-nanogpt: none; the norm is still logged and checked for NaN)
     grad_clip: Annotated[float, Range(0, note="(0 = no clipping)")] = 0.0
     #: constant, then a linear cooldown over the last 40% of the steps; naming another schedule drops it
-    schedule: Any = field(default_factory=lambda: SCHEDULE_OPTIONS["wsd"](name="wsd", decay_frac=0.4))
+    schedule: Any = field(default_factory=lambda: SCHEDULES.options("wsd")(name="wsd", decay_frac=0.4))
     warmup_steps: NonNegInt = 0
     #: AdamW groups: lr = optim.lr x lr_mult; vectors and scalars at 0.04, modded-nanogpt's scalar lr
     groups: GroupsConfig = field(default_factory=lambda: GroupsConfig(
@@ -131,11 +131,12 @@ class MuonOptions(AdamWOptions):
     muon: MuonSettings = field(default_factory=MuonSettings)  # the matrices group's optimizer
 
 
-# In the order of the classes in schedules.py and optim.py: the order of every listing of valid names.
-for _name, _options in (("cosine", ScheduleOptions), ("wsd", WSDOptions), ("constant", ScheduleOptions)):
-    SCHEDULE_OPTIONS.add(_name, _options)
-OPTIM_OPTIONS.add("adamw", AdamWOptions)
-OPTIM_OPTIONS.add("muon", MuonOptions)
+# The order here is the order of every listing of valid names.
+SCHEDULES.add("cosine", f"{__package__}.schedules:Cosine", options=ScheduleOptions)
+SCHEDULES.add("wsd", f"{__package__}.schedules:WarmupStableDecay", options=WSDOptions)
+SCHEDULES.add("constant", f"{__package__}.schedules:Constant", options=ScheduleOptions)
+OPTIMIZERS.add("adamw", f"{__package__}.optim:AdamW", options=AdamWOptions)
+OPTIMIZERS.add("muon", f"{__package__}.optim:Muon", options=MuonOptions)
 
 
 def flat_schedule(node: Mapping) -> dict:
@@ -154,24 +155,24 @@ def optim_config(node: Any = None) -> OptimConfig:
     chosen one and its keys (`optim.decay_frac=null` drops a file's top-level value)."""
     plain, shared = to_plain(node or {}), {f.name for f in dataclasses.fields(OptimConfig)}
     if plain.get("schedule") is None:  # the optimizer's own schedule (muon's: wsd), its keys where not set
-        plain = {**plain, "schedule": defaults(OPTIM_OPTIONS[plain.get("name") or OptimConfig.name])["schedule"]}
+        plain = {**plain, "schedule": defaults(OPTIMIZERS.options(plain.get("name") or OptimConfig.name))["schedule"]}
     plain = flat_schedule(plain)
     given = {**set_values({k: v for k, v in plain.items() if k not in shared}),
              **{k: v for k, v in plain.items() if k in shared and v is not None}}
     name, sched = given.pop("name", OptimConfig.name), given.pop("schedule", ScheduleOptions.name)
-    schedules = union_keys(SCHEDULE_OPTIONS.values())
+    schedules = union_keys(SCHEDULES.all_options().values())
     mine = {k: given.pop(k) for k in list(given) if k in schedules}
     hint = "; if a config file set it, {key}=null drops it"
-    schedule = own_options(SCHEDULE_OPTIONS[sched], {"name": sched, **mine}, "optim", f"optim.schedule={sched}",
+    schedule = own_options(SCHEDULES.options(sched), {"name": sched, **mine}, "optim", f"optim.schedule={sched}",
                            schedules, hide=("name",), hint=hint)
-    return own_options(OPTIM_OPTIONS[name], {"name": name, **given, "schedule": schedule}, "optim",
+    return own_options(OPTIMIZERS.options(name), {"name": name, **given, "schedule": schedule}, "optim",
                        f"optim.name={name}", optim_group_keys(), hint=hint)
 
 
 def optim_group_keys() -> dict:
     """{key: the class declaring it first} over every optimizer and schedule: the `optim` schema."""
-    out = union_keys(OPTIM_OPTIONS.values())
-    for k, cls in union_keys(SCHEDULE_OPTIONS.values()).items():
+    out = union_keys(OPTIMIZERS.all_options().values())
+    for k, cls in union_keys(SCHEDULES.all_options().values()).items():
         out.setdefault(k, cls)  # `name` is the optimizer's; the schedule's is `schedule`
     return out
 
@@ -181,9 +182,9 @@ def optim_nodes() -> dict:
     nested with the keys it sets, so that naming another schedule drops them), and every schedule's own
     keys null beside them (`optim.decay_frac=0.3` composes under any schedule; the builder checks it
     against the one chosen)."""
-    schedule_keys = [k for k in union_keys(SCHEDULE_OPTIONS.values()) if k != "name"]
+    schedule_keys = [k for k in union_keys(SCHEDULES.all_options().values()) if k != "name"]
     out = {}
-    for name, cls in OPTIM_OPTIONS.items():
+    for name, cls in OPTIMIZERS.all_options().items():
         node = {**defaults(cls), "name": name}
         if set(node["schedule"]) == {"name"}:
             node["schedule"] = node["schedule"]["name"]

@@ -3,9 +3,10 @@
 lr(u) for u = the number of applied updates (a skipped step does not advance it). Every schedule
 starts with the same linear warmup (`optim.warmup_steps`) and then follows its own `main(u)`. The
 same code runs on Python floats (logging, tests) and on float64 device tensors (the hot path, no
-host sync). A new schedule is one class under the decorator; its own keys (`optim.<key>`, e.g. wsd's
-`optim.decay_frac`) are the fields of its `Options` (optim_options.py, torch-free; or on the class, for
-one defined in a user's module), and another schedule's key is a one-line error.
+host sync). A new schedule is one class here, named with its own keys (`optim.<key>`, e.g. wsd's
+`optim.decay_frac`: the fields of its `Options`) in optim_options.py (torch-free); one defined in a user's
+module is a class under `@SCHEDULES.register("name")` carrying its Options. Another schedule's key is a
+one-line error.
 """
 from __future__ import annotations
 
@@ -13,11 +14,8 @@ import math
 
 import torch
 
-from common import Registry
+from .optim_options import SCHEDULES, ScheduleOptions  # noqa: F401  (the registry, where users look for it)
 
-from .optim_options import SCHEDULE_OPTIONS, ScheduleOptions
-
-SCHEDULES = Registry("optim.schedule", options=SCHEDULE_OPTIONS)  # a class takes its Options from optim_options.py
 
 
 class _Ops:
@@ -53,7 +51,6 @@ class Schedule:
         return ops.where(u < self.warmup, warm, self.main(u, ops))
 
 
-@SCHEDULES.register("cosine")
 class Cosine(Schedule):
     """Cosine from lr down to min_lr at max_steps."""
 
@@ -62,7 +59,6 @@ class Cosine(Schedule):
         return self.min_lr + 0.5 * (1.0 + ops.cos(math.pi * r)) * (self.lr - self.min_lr)
 
 
-@SCHEDULES.register("wsd")
 class WarmupStableDecay(Schedule):
     """Stable at lr, then linear decay to min_lr over the last `optim.decay_frac` of the steps."""
 
@@ -72,7 +68,6 @@ class WarmupStableDecay(Schedule):
         return self.lr + r * (self.min_lr - self.lr)
 
 
-@SCHEDULES.register("constant")
 class Constant(Schedule):
     def main(self, u, ops):
         return u * 0 + self.lr

@@ -1,7 +1,7 @@
-"""The variant interface and its registry: `VARIANTS` (name -> class), `register` and `Variant` (input
-step, sublayer rule, output step, and the hooks). Each variant's `norm.*` keys are in ../norm_options.py
-(torch-free); the families live beside this file: classic.py, sphere.py, depth.py, ngpt.py, recent.py,
-streams.py."""
+"""The variant interface: `Variant` (input step, sublayer rule, output step, and the hooks). Each built-in
+variant is named, with its `norm.*` keys, in ../norm_options.py (`VARIANTS`, torch-free); the families live
+beside this file: classic.py, sphere.py, depth.py, ngpt.py, recent.py, streams.py. A variant in a user's own
+module is one class under `@register("name")`, carrying its keys as its `Options`."""
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Callable, Dict, Optional, Type
@@ -9,17 +9,14 @@ from typing import TYPE_CHECKING, Callable, Dict, Optional, Type
 import torch
 import torch.nn as nn
 
-from common import Registry
-
-from ..norm_options import NORM_OPTIONS, NormOptions
+from ..norm_options import VARIANTS, NormOptions
 from ..norms import make_input_step, make_norm
 from ..sublayers import MLP as MLPSublayer, CausalSelfAttention, LMHead
 
 if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
     from ..config import GPTConfig
 
-VARIANTS = Registry("norm.name", options=NORM_OPTIONS)   # name -> Variant class; `@register("name")` adds one
-register = VARIANTS.register  # the class takes the Options recorded under its name in ../norm_options.py
+register = VARIANTS.register  # a user's variant: the class and its Options (its own, or its base's)
 
 
 def get_variant(name: str) -> Type["Variant"]:

@@ -9,10 +9,9 @@ import torch.nn as nn
 
 from ..norms import DyT, make_norm
 
-from .base import Variant, register
+from .base import Variant
 
 
-@register("pre_ln")
 class PreLN(Variant):
     """Pre-LN (GPT-2; nanoGPT): h = e;  h <- h + F(Norm(h));  output Norm(h)."""
 
@@ -24,7 +23,6 @@ class PreLN(Variant):
         return h + f(self.norm(h))
 
 
-@register("post_ln")
 class PostLN(Variant):
     """Post-LN (Vaswani et al. 2017, sec. 3.1): h = e;  h <- Norm(h + F(h));  no output step."""
 
@@ -36,7 +34,6 @@ class PostLN(Variant):
         return self.norm(h + f(h))
 
 
-@register("deepnorm")
 class DeepNorm(Variant):
     """DeepNorm (Wang et al., DeepNet, arXiv 2203.00555, decoder-only constants):
     h = e;  h <- Norm(alpha*h + F(h)), alpha = (2N)^(1/4);  no output step.
@@ -72,7 +69,6 @@ class DeepNorm(Variant):
                     w.normal_(0.0, std)
 
 
-@register("sandwich")
 class Sandwich(Variant):
     """Sandwich-LN (Ding et al., CogView, arXiv 2105.13290):
     h = e;  h <- h + Norm_out(F(Norm_in(h)));  output Norm(h)."""
@@ -86,12 +82,10 @@ class Sandwich(Variant):
         return h + self.norm_out(f(self.norm_in(h)))
 
 
-@register("peri_ln")
 class PeriLN(Sandwich):
     """Peri-LN (Kim et al., arXiv 2502.02732): Sandwich's rule, plus the input step h = Norm_emb(e)."""
 
 
-@register("keel")
 class Keel(Variant):
     """Keel (arXiv 2601.19895): h = e;  h <- Norm_1(alpha*h + F(Norm_2(h))), alpha = 2N (sublayers);
     no output step [choice]. First sublayers (`norm.first_layer`): v2 (default) makes sublayer 1
@@ -111,7 +105,6 @@ class Keel(Variant):
         return self.norm_out(self.alpha * h + f(self.norm_in(h)))
 
 
-@register("pre_dyt")
 class PreDyT(Variant):
     """Pre-DyT (Zhu et al., arXiv 2503.10622): h = e;  h <- h + F(DyT(h));  output DyT(h).
     alpha init: `norm.alpha_attn` before attention, `norm.alpha_other` before the MLP and at the output."""

@@ -7,10 +7,9 @@ import math
 
 from ..norms import make_norm
 
-from .base import Variant, register
+from .base import Variant
 
 
-@register("lns")
 class LayerNormScaling(Variant):
     """LayerNorm Scaling (Sun et al., "The Curse of Depth", arXiv 2502.05795):
     h = e;  h <- h + F(Norm(h)/sqrt(k)), k the block index;  output Norm(h)."""
@@ -24,7 +23,6 @@ class LayerNormScaling(Variant):
         return h + f(self.norm(h) * self.scale)
 
 
-@register("mix_ln")
 class MixLN(Variant):
     """Mix-LN (Li et al., arXiv 2412.13795): Post-LN in the first floor(0.25*N) blocks, Pre-LN after;
     h = e; output Norm(h) (the last blocks are Pre-LN)."""

@@ -9,7 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..sublayers import MLP, CausalSelfAttention, LMHead
-from .base import Variant, register
+from .base import Variant
 
 if TYPE_CHECKING:  # type hints only: the config imports the registry, not the other way round
     from ..config import GPTConfig
@@ -108,7 +108,6 @@ class NGPTHead(LMHead):
         return self.weight * self.s_z.value()[:, None]
 
 
-@register("ngpt")
 class NGPT(Variant):
     """nGPT (Loshchilov et al., arXiv 2410.01131; NVIDIA/ngpt where the paper is silent):
     input step h = e/||e||;  h <- Norm(h + alpha (.) (Norm(F(h)) - h)), Norm(x) = x/||x||, alpha per

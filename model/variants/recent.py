@@ -11,11 +11,10 @@ from ..norms import make_norm
 from ..sphere import _acc, _dot
 from ..sublayers import CausalSelfAttention
 
-from .base import Variant, register
+from .base import Variant
 from .classic import PreLN
 
 
-@register("pre_derf")
 class PreDerf(PreLN):
     """Pre-Derf (Chen et al., arXiv 2512.10938, its nanoGPT recipe): h = s e (s learnable, init sqrt(d));
     h <- h + F(Derf(h));  output Derf(h);  Derf(x) = gamma erf(alpha x + shift) + beta (Eq. 1).
@@ -32,7 +31,6 @@ class PreDerf(PreLN):
         return NORM_KINDS["derf"](cfg) if cfg.norm.final_norm else nn.Identity()
 
 
-@register("ortho_pre_ln")
 class OrthoPreLN(Variant):
     """Orthogonal residual update (Oh et al., arXiv 2505.11881, Eq. 4 with its stabiliser eps): h = e;
     s = F(Norm(h));  h <- h + (s - (<s,h>/(||h||^2 + eps)) h);  output Norm(h). Only the part of the
@@ -72,7 +70,6 @@ class QKVNormAttention(CausalSelfAttention):
         return self.qkv_step(*super().project(x))
 
 
-@register("hybridnorm")
 class HybridNorm(Variant):
     """HybridNorm (Zhuo et al., arXiv 2503.04598, Sec. 3): h = e;  attention: h <- h + Attn_QKV(h), whose
     q, k, v are each normalised right after their projection (QKV-Norm) and which reads the stream

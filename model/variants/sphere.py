@@ -14,7 +14,7 @@ from ..decay import decay_factor
 from ..norms import make_norm
 from ..sphere import spheret_angle, sphere_update
 
-from .base import Variant, register
+from .base import Variant
 
 
 class _SphereVariant(Variant):
@@ -95,7 +95,6 @@ class _SphereVariant(Variant):
         return h_new
 
 
-@register("geonorm")
 class GeoNorm(_SphereVariant):
     """GeoNorm (Zheng et al., arXiv 2601.22095, Eq. 3-5 and Appendix D): h = e [choice];
     v = s - (<s,h>/||h||^2) h;  theta0 = min(c, ||v||/||h||);  theta = min(c, (a*theta0 + b)*lambda_k);
@@ -133,7 +132,6 @@ def _inverse_softplus(a: float) -> float:
     return math.log(math.expm1(a)) if a < 700 else a + math.log1p(-math.exp(-a))
 
 
-@register("spheret")
 class SpheretNorm(_SphereVariant):
     """p-SpheretNorm (Sphere Retraction Normalizations, arXiv 2608.02668):
     input step ScaleNorm h = g sqrt(d) e/||e||;  z = s - (<s,h>/||h||^2) h;
@@ -166,12 +164,10 @@ class SpheretNorm(_SphereVariant):
         return {"alpha": F.softplus(self.rho.detach())}
 
 
-@register("proj_spheret")
 class ProjSpheretNorm(SpheretNorm):
     """1-SpheretNorm: the metric-projection retraction ||h|| (h+u)/||h+u|| (p = 1)."""
 
 
-@register("cay_spheret")
 class CaySpheretNorm(SpheretNorm):
     """2-SpheretNorm: the Cayley retraction (p = 2)."""
 

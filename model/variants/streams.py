@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..norms import make_input_step, make_norm
 
-from .base import Variant, register
+from .base import Variant
 
 
 class _WideStream(Variant):
@@ -77,7 +77,6 @@ class _Reduce(nn.Module):
         return self.norm(H.sum(-2))
 
 
-@register("hc")
 class HyperConnections(_WideStream):
     """Hyper-connections (Zhu et al., arXiv 2409.19606, Eq. 1-5 and Appendix J): the stream widened to n
     copies H; sublayer j reads x = A_m^T H and writes H <- A_r^T H + B^T F(Norm(x)). Static init: A_m the
@@ -130,7 +129,6 @@ def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     return z.exp()
 
 
-@register("mhc")
 class ManifoldHyperConnections(_WideStream):
     """Manifold-constrained hyper-connections (Xie et al., arXiv 2512.24880, Eq. 3-8): x = H_pre H,
     H <- H_res H + H_post^T F(Norm(x)), with H_pre = sigmoid(.), H_post = 2 sigmoid(.) and H_res the
