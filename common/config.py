@@ -188,7 +188,7 @@ def union_keys(classes) -> dict:
 
 
 def own_options(cls, given: Mapping[str, Any], prefix: str, owner: str, known, hide: tuple = (),
-                hint: str = "") -> Any:
+                hint: str = "", error: Type[UserError] = ConfigError) -> Any:
     """`cls` (one component's Options) built from the keys `given` of its group. A key only another
     component reads is one line naming `owner` (`norm.name=pre_ln`) and cls's keys (but `hide`), then
     `hint` (`{key}` = the full key); a key no component has is an unknown key."""
@@ -197,11 +197,11 @@ def own_options(cls, given: Mapping[str, Any], prefix: str, owner: str, known, h
     foreign = [k for k in given if k not in own]
     typos = [k for k in foreign if k not in known]
     if typos:
-        raise ConfigError(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in typos)}: valid keys are {listed}")
+        raise error(f"unknown key(s) {', '.join(f'{prefix}.{k}' for k in typos)}: valid keys are {listed}")
     if foreign:
         key = f"{prefix}.{foreign[0]}"
-        bad(key, given[foreign[0]], f"not an option of {owner} (its options: {listed})" + hint.format(key=key))
-    return build(cls, given, prefix)
+        bad(key, given[foreign[0]], f"not an option of {owner} (its options: {listed})" + hint.format(key=key), error)
+    return build(cls, given, prefix, error)
 
 
 def set_values(node: Mapping) -> dict:

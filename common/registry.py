@@ -47,9 +47,9 @@ class Registry(Mapping):
             self._options[name] = options
 
     def options(self, name: str) -> Any:
-        """The Options class of `name`, without importing its component."""
+        """The Options class of `name` (None if it has none), without importing its component."""
         self._check(name)
-        return self._options[name]
+        return self._options.get(name)
 
     def all_options(self) -> dict:
         """{name: its Options class} over the names with config keys, in order, importing nothing."""

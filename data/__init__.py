@@ -1,5 +1,4 @@
 """nanonorm data: tokenizers, shard preparation and the training/validation loaders."""
-from . import sources  # noqa: F401  (registers the data sources in data.config.SOURCES)
 from .config import DataConfig, DataError
 from .loader import TrainLoader, ValLoader
 from .tokenizer import Tokenizer, get_tokenizer, register_tokenizer

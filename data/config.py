@@ -6,45 +6,27 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union
 
-from common.config import Name, NonNegInt, PosInt, Range, bad, build, check, to_plain
+from common.config import Name, NonNegInt, PosInt, Range, bad, check, defaults, own_options, to_plain, union_keys
 
 from common import Registry
 
 from .errors import DataError
 
-# name -> the function that opens a source's document streams; data/sources.py registers them (imported by
-# data/__init__.py, so the registry is full before any DataConfig is validated)
+# source name -> the function in data/sources.py that opens its document streams (`cfg -> [Stream]`),
+# imported when a corpus is prepared, with its Options (below): the keys only that source reads
 SOURCES = Registry("data.source", DataError)
+
 
 @dataclass
 class DataConfig:
+    """The `data.*` keys every source reads. A source's own keys are its Options, a subclass below recorded
+    beside its name in SOURCES: `data.files` exists only under `data.source=local`, and another source's key
+    is one line naming the chosen source's keys. `from_any` builds the chosen source's class."""
     #: the corpus's name (null: the source's); the prepared dir is <root>/<name>[-<subset>]-<tokenizer>
     name: Optional[Name] = None
     tokenizer: Name = "bytes"         # bytes (257 ids) | gpt2 (GPT-2 BPE)
     root: Optional[Name] = None       # prepared data root; null: $NANONORM_DATA, else data_cache
-    source: Name = "pydocs"           # pydocs | pysrc | hf | local | shards (existing llm.c .bin files in `path`)
-    #: hf: the dataset (datasets.load_dataset(path, name=subset, ...)); shards: their dir
-    path: Optional[str] = None
-    subset: Optional[str] = None      # hf: the dataset's config name
-    revision: Optional[str] = None    # hf: pin a commit for reproducibility
-    split: Name = "train"             # hf: the split read for training
-    val_split: Optional[str] = None   # the dataset's own validation split; null: hold out val_fraction
-    text_column: Name = "text"        # jsonl/parquet/hf column holding the text (.txt files always use "text")
-    streaming: bool = False           # read lazily instead of materialising an Arrow copy first
-    cache_dir: Optional[str] = None   # datasets cache (HF_DATASETS_CACHE if null)
-    files: Union[str, list, None] = None      # local: glob or list of globs of .txt / .jsonl / .json / .parquet
-    val_files: Union[str, list, None] = None  # local: own validation files; null: hold out val_fraction
-    pile_set_name: Optional[str] = None  # local Pile-format jsonl(.zst): keep records whose meta.pile_set_name is this
-    #: pysrc: the distributions whose .py files follow the stdlib's, by name; null: every one the install
-    #: requires (which then changes with the project's dependencies)
-    packages: Optional[list] = None
-    #: pysrc: the corpus's expected sha256 (meta.json's stream0.sha256); another corpus is refused
-    sha256: Optional[str] = None
-    #: pysrc: leave out a file when at least this fraction of its distinct lines of 30+ characters occur in
-    #: the files kept before it (generated tables, codec maps, near-copies); null: keep every file
-    near_duplicates: Annotated[Optional[float], Range(0, 1, "(]")] = None
-    #: .txt: one document per file, per blank-line paragraph, or per line
-    txt_sample_by: Literal["document", "paragraph", "line"] = "document"
+    source: Name = "pydocs"           # pydocs | pysrc | hf | local | shards
     #: held-out fraction of DOCUMENTS (when there is no val split)
     val_fraction: Annotated[float, Range(0, 1, "[)")] = 0.0005
     val_min_tokens: NonNegInt = 8192  # held-out val is topped up to this many tokens from the corpus's end
@@ -59,50 +41,141 @@ class DataConfig:
         """The keys that change the prepared tokens (recorded in meta.json, compared on reuse): all but
         the name, where the data lives, how fast it is read and the expected hash, which checks the tokens
         instead of choosing them (a new key counts, to be safe)."""
-        return [f.name for f in fields(cls) if f.name not in ("name", "root", "streaming", "cache_dir", "num_workers",
-                                                             "batch_docs", "sha256")]
+        return [f.name for f in fields(cls) if f.name not in _NOT_CONTENT]
 
     @classmethod
     def from_any(cls, cfg: Any) -> "DataConfig":
-        """From the composed `data` group (or a dict); a null root is fixed here, once for the run, to
-        $NANONORM_DATA, else data_cache."""
+        """The chosen source's Options from the composed `data` group (or a dict): a key of another source
+        set there is one line; null is a source key's default. A null root is fixed here, once for the run,
+        to $NANONORM_DATA, else data_cache."""
         if isinstance(cfg, DataConfig):
             return cfg
         d = to_plain(cfg)
         if d.get("root") is None:
             d["root"] = default_root()
-        return build(cls, d, "data", error=DataError)
+        source = d.get("source") or DataConfig.source
+        options = SOURCES.options(source) or DataConfig  # an unknown name: one line listing the valid ones
+        shared = {f.name for f in fields(DataConfig)}
+        given = {k: v for k, v in d.items() if k in shared or v is not None}
+        return own_options(options, given, "data", f"data.source={source}", data_keys(), error=DataError)
 
     def __post_init__(self) -> None:
         check(self, "data", DataError)
-        SOURCES[self.source]  # an unknown name raises one line listing the valid ones
+        SOURCES.options(self.source)  # an unknown name raises one line listing the valid ones
         if self.name is None:  # a source alone needs no YAML: its corpus is named after it
             self.name = self.source
+
+    @property
+    def out_dir(self) -> Path:
+        """<root>/<name>[-<subset>]-<tokenizer>: tokenizers and subsets never share a directory."""
+        parts = [self.name] + ([self.subset] if getattr(self, "subset", None) else []) + [self.tokenizer]
+        return Path(os.path.expanduser(self.root or default_root())) / "-".join(parts)
+
+    def content(self) -> dict:
+        return {k: getattr(self, k) for k in self.content_keys()}
+
+
+_NOT_CONTENT = ("name", "root", "streaming", "cache_dir", "num_workers", "batch_docs", "sha256")
+
+
+# ---- each source's own keys (its Options); the order of SOURCES below is the order of every listing ----
+@dataclass
+class PysrcOptions(DataConfig):
+    """pysrc: the Python source files of the stdlib and of named installed distributions."""
+    #: the distributions whose .py files follow the stdlib's, by name; null: every one the install
+    #: requires (which then changes with the project's dependencies)
+    packages: Optional[list] = None
+    #: the corpus's expected sha256 (meta.json's stream0.sha256); another corpus is refused
+    sha256: Optional[str] = None
+    #: leave out a file when at least this fraction of its distinct lines of 30+ characters occur in
+    #: the files kept before it (generated tables, codec maps, near-copies); null: keep every file
+    near_duplicates: Annotated[Optional[float], Range(0, 1, "(]")] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         if self.packages is not None and not all(isinstance(p, str) for p in self.packages):
             bad("data.packages", self.packages, "must be a list of distribution names (or null)", DataError)
+
+
+@dataclass
+class DatasetsOptions(DataConfig):
+    """The keys of the sources read through `datasets.load_dataset` (hf, local)."""
+    text_column: Name = "text"        # jsonl/parquet/hf column holding the text (.txt files always use "text")
+    streaming: bool = False           # read lazily instead of materialising an Arrow copy first
+    cache_dir: Optional[str] = None   # datasets cache (HF_DATASETS_CACHE if null)
+
+
+@dataclass
+class HubOptions(DatasetsOptions):
+    """hf: a Hugging Face hub dataset."""
+    path: Optional[str] = None        # the dataset (datasets.load_dataset(path, name=subset, ...))
+    subset: Optional[str] = None      # the dataset's config name
+    revision: Optional[str] = None    # pin a commit for reproducibility
+    split: Name = "train"             # the split read for training
+    val_split: Optional[str] = None   # the dataset's own validation split; null: hold out val_fraction
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.path:
+            bad("data.path", self.path, "source=hf needs a dataset path, e.g. HuggingFaceFW/fineweb-edu", DataError)
+
+
+@dataclass
+class LocalOptions(DatasetsOptions):
+    """local: the user's own files."""
+    files: Union[str, list, None] = None      # glob or list of globs of .txt / .jsonl / .json / .parquet
+    val_files: Union[str, list, None] = None  # own validation files; null: hold out val_fraction
+    pile_set_name: Optional[str] = None  # Pile-format jsonl(.zst): keep records whose meta.pile_set_name is this
+    #: .txt: one document per file, per blank-line paragraph, or per line
+    txt_sample_by: Literal["document", "paragraph", "line"] = "document"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
         for key in ("files", "val_files"):
             v = getattr(self, key)
             if isinstance(v, str):
                 setattr(self, key, [v])
             elif v is not None and not (isinstance(v, (list, tuple)) and all(isinstance(s, str) for s in v)):
                 bad(f"data.{key}", v, "must be a glob or a list of globs", DataError)
-        if self.source == "hf" and not self.path:
-            bad("data.path", self.path, "source=hf needs a dataset path, e.g. HuggingFaceFW/fineweb-edu", DataError)
-        if self.source == "shards" and not (self.path and os.path.isdir(os.path.expanduser(self.path))):
-            bad("data.path", self.path, "source=shards needs the directory holding existing *train_*.bin / *val_*.bin "
-                "shards", DataError)
-        if self.source == "local" and not self.files:
+        if not self.files:
             bad("data.files", self.files, "source=local needs data.files (a glob or list of globs of "
                 ".txt/.jsonl/.parquet)", DataError)
 
-    @property
-    def out_dir(self) -> Path:
-        """<root>/<name>[-<subset>]-<tokenizer>: tokenizers and subsets never share a directory."""
-        parts = [self.name] + ([self.subset] if self.subset else []) + [self.tokenizer]
-        return Path(os.path.expanduser(self.root or default_root())) / "-".join(parts)
 
-    def content(self) -> dict:
-        return {k: getattr(self, k) for k in self.content_keys()}
+@dataclass
+class ShardsOptions(DataConfig):
+    """shards: existing llm.c shard files, adopted as they are."""
+    path: Optional[str] = None        # the directory holding existing *train_*.bin / *val_*.bin shards
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (self.path and os.path.isdir(os.path.expanduser(self.path))):
+            bad("data.path", self.path, "source=shards needs the directory holding existing *train_*.bin / *val_*.bin "
+                "shards", DataError)
+
+
+SOURCES.add("pydocs", f"{__package__}.sources:pydocs_source", options=DataConfig)
+SOURCES.add("pysrc", f"{__package__}.sources:pysrc_source", options=PysrcOptions)
+SOURCES.add("hf", f"{__package__}.sources:hf_source", options=HubOptions)
+SOURCES.add("local", f"{__package__}.sources:local_source", options=LocalOptions)
+SOURCES.add("shards", f"{__package__}.sources:shards_source", options=ShardsOptions)
+
+
+def data_keys() -> dict:
+    """{key: the class declaring it first} over every source: the `data` schema."""
+    return union_keys([DataConfig, *SOURCES.all_options().values()])
+
+
+def data_group_defaults() -> dict:
+    """The `data` group's keys for composition: the shared ones at their defaults, each source's own null
+    (its default, read only when that source is chosen)."""
+    shared = defaults(DataConfig)
+    return {**shared, **{k: None for k in data_keys() if k not in shared}}
+
+
+def content_keys() -> list[str]:
+    """The keys of any source that change the prepared tokens (a run's data identity)."""
+    return [k for k in data_keys() if k not in _NOT_CONTENT]
 
 
 def default_root() -> str:

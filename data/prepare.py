@@ -18,7 +18,6 @@ if __name__ == "__main__" and not __package__:
     raise SystemExit(0)
 
 import collections
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -32,6 +31,7 @@ from typing import Optional
 import numpy as np
 
 from common import ConfigError, report_user_errors
+from common.config import defaults
 from common.errors import disk_full, say_line
 
 from .config import DataConfig, DataError
@@ -49,7 +49,6 @@ META_FORMAT = "nanonorm-data"
 PROGRESS = "progress.json"
 CHECKPOINT_EVERY_S = 30.0
 # each data.* key's default, for a meta.json written before the key existed
-_DEFAULTS = {f.name: f.default for f in dataclasses.fields(DataConfig)}
 
 
 # ------------------------------------------------------------------------------------------ val split
@@ -195,7 +194,7 @@ def _load_progress(out: Path, content: dict) -> tuple[dict | None, str]:
         st = read_json(p)
     except (OSError, ValueError):
         return None, f"{p} unreadable"
-    if st.get("config") != content:
+    if {k: st.get("config", {}).get(k) for k in content} != content:  # an older form may record more keys
         return None, "the data config changed since the interrupted run"
     for split, s in st["splits"].items():
         for sh in s["shards"]:
@@ -242,7 +241,7 @@ def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
     for k, v in cfg.content().items():
         if k == "val_min_tokens" and k not in old and meta["splits"]["val"]["tokens"] >= v:
             continue  # prepared before the key existed, and its val split is already that large
-        if k not in old and v == _DEFAULTS.get(k):
+        if k not in old and v == defaults(type(cfg)).get(k):
             continue  # prepared before the key existed, which now holds its default: the same tokens
         if old.get(k) != v:
             raise DataError(f"{out} was prepared with data.{k}={old.get(k)!r}, not {v!r}: delete it, or set "
@@ -250,7 +249,7 @@ def _check_prepared(cfg: DataConfig, out: Path, verify: bool) -> bool:
     if cfg.source == "local":
         _check_local_inputs(cfg, out, meta)
     got = [st.get("sha256") for k, st in sorted(meta.get("source", {}).items()) if k.startswith("stream")]
-    if cfg.sha256 is not None and got != [cfg.sha256]:
+    if getattr(cfg, "sha256", None) is not None and got != [cfg.sha256]:  # pysrc's expected corpus
         raise DataError(f"{out} holds a corpus with sha256 {', '.join(map(str, got)) or 'unrecorded'}, not "
                         f"data.sha256={cfg.sha256}: delete it to prepare this install's, or set data.sha256=null")
     for split in meta["splits"].values():
@@ -548,10 +547,10 @@ def _write_meta(cfg: DataConfig, tok, out: Path, streams, splits: dict, content:
         "shard_format": {"magic": MAGIC, "version": VERSION, "header_int32": 256, "dtype": "uint16",
                          "eot": "before each document"},
         "shard_size": cfg.shard_size,
-        "source": dict({"source": cfg.source, "revision": cfg.revision},
+        "source": dict({"source": cfg.source, "revision": getattr(cfg, "revision", None)},
                        **{f"stream{i}": s.info for i, s in enumerate(streams)}),
-        "val_split": (f"dataset split {cfg.val_split!r}" if cfg.val_split else
-                      "val_files" if cfg.source == "local" and cfg.val_files else
+        "val_split": (f"dataset split {cfg.val_split!r}" if getattr(cfg, "val_split", None) else
+                      "val_files" if getattr(cfg, "val_files", None) else
                       f"held-out fraction {cfg.val_fraction} of documents, seed {cfg.split_seed}" + topped),
         "splits": splits,
         "config": content,
@@ -588,15 +587,17 @@ def _batched(stream, start: int, cfg: DataConfig):
 # ----------------------------------------------------------------------------------------------- CLI
 def compose_data_config(overrides: list[str]):
     """Compose only the `data` group from configs/ with Hydra, `data=<name> data.key=value ...`, over the
-    schema of every data.* key at its DataConfig default (as train.py's base_config holds it)."""
+    schema of every data.* key (each source's own null: its default), as train.py's base_config holds it."""
     from hydra import compose, initialize_config_dir
     from hydra.core.config_store import ConfigStore
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
 
-    from common.config import composition_error_line, defaults
+    from common.config import composition_error_line
 
-    schema = {"data": defaults(DataConfig)}
+    from .config import data_group_defaults
+
+    schema = {"data": data_group_defaults()}
     ConfigStore.instance().store(name="data_only", node={"defaults": ["_self_", {"data": "pydocs"}], **schema})
     GlobalHydra.instance().clear()
     try:

@@ -7,7 +7,8 @@ so doc index i is stable (val split, resume).
 - hf:     any Hugging Face hub dataset through `datasets.load_dataset` (optionally streaming).
 - local:  the user's .txt/.jsonl/.json/.parquet globs through the SAME `datasets.load_dataset` path.
 - shards: existing llm.c shard files, adopted as they are by prepare.py (no documents to stream).
-A new source is one function `cfg -> list[Stream]` under `@SOURCES.register(name)`.
+Each built-in is named, with its own keys (its Options), in data/config.py's SOURCES. A source in a user's
+own module is one function `cfg -> list[Stream]` under `@SOURCES.register(name, options=...)`.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from typing import Callable, Iterator
 
 from .errors import DataError, HubUnreachable
 
-from .config import SOURCES, DataConfig  # noqa: F401  (SOURCES: each source below registers itself in it)
+from .config import SOURCES, DataConfig, HubOptions, LocalOptions, PysrcOptions  # noqa: F401  (SOURCES: users' import)
 
 
 @dataclass
@@ -281,7 +282,7 @@ def _pysrc_stream(packages: list | None = None, sha256: str | None = None,
     return Stream("pysrc", None, len(paths), batches, {"python": sys.version.split()[0], **info})
 
 
-def _pysrc_source(cfg: DataConfig) -> list[Stream]:
+def pysrc_source(cfg: "PysrcOptions") -> list[Stream]:
     return [_pysrc_stream(cfg.packages, cfg.sha256, cfg.near_duplicates)]
 
 
@@ -409,7 +410,7 @@ def _ds_stream(cfg: DataConfig, ds, label: str, split: str | None, info: dict, c
     return Stream(label, split, total, batches, info)
 
 
-def _hf_streams(cfg: DataConfig) -> list[Stream]:
+def hf_source(cfg: "HubOptions") -> list[Stream]:
     import datasets
     kw = {"name": cfg.subset, "revision": cfg.revision}
     info = {"path": cfg.path, "subset": cfg.subset, "revision": cfg.revision, "datasets": datasets.__version__}
@@ -421,7 +422,7 @@ def _hf_streams(cfg: DataConfig) -> list[Stream]:
     return streams
 
 
-def local_inputs(cfg: DataConfig) -> dict:
+def local_inputs(cfg: "LocalOptions") -> dict:
     """{split: [{"path", "bytes", "mtime_ns"}]} of the files data.files (and data.val_files) match now: what a
     prepared dir records, and what its reuse compares against (a file added under the glob, or changed)."""
     files = {"train": resolve_files("files", cfg.files)}
@@ -431,7 +432,7 @@ def local_inputs(cfg: DataConfig) -> dict:
             for k, v in files.items()}
 
 
-def _local_streams(cfg: DataConfig) -> list[Stream]:
+def local_source(cfg: "LocalOptions") -> list[Stream]:
     import datasets
     inputs = local_inputs(cfg)
     files = {k: [f["path"] for f in v] for k, v in inputs.items()}
@@ -468,18 +469,11 @@ def _pile_subset(ds, name: str, label: str):
     return keep, cols   # a filter keeps the columns
 
 
-@SOURCES.register("pydocs")
-def _pydocs_source(cfg: DataConfig) -> list[Stream]:
+def pydocs_source(cfg: DataConfig) -> list[Stream]:
     return [_pydocs_stream()]
 
 
-SOURCES.register("pysrc")(_pysrc_source)
-SOURCES.register("hf")(_hf_streams)
-SOURCES.register("local")(_local_streams)
-
-
-@SOURCES.register("shards")
-def _shards_source(cfg: DataConfig) -> list[Stream]:
+def shards_source(cfg: DataConfig) -> list[Stream]:
     raise DataError("data.source=shards adopts existing shard files as they are (python -m data.prepare); "
                     "it has no documents to stream")
 

@@ -412,13 +412,13 @@ def run_prepare(*args, script=False):
 
 @pytest.mark.slow
 def test_readme_adopt_shards_command_works_and_reruns(tmp_path):
-    """README: `python -m data.prepare data=local data.name=fw10B data.source=shards data.path=DIR`."""
+    """docs/data.md: `python -m data.prepare data=shards data.name=fw10B data.path=DIR`."""
     src = tmp_path / "fineweb10B"
     src.mkdir()
     write_shard(src / "fineweb_val_000000.bin", np.arange(100, 300, dtype=np.uint16))
     write_shard(src / "fineweb_train_000001.bin", np.arange(1000, 1500, dtype=np.uint16))
     for _ in range(2):  # the second run finds it prepared and prints the same summary
-        r = run_prepare("data=local", "data.name=fw10B", "data.source=shards", f"data.path={src}",
+        r = run_prepare("data=shards", "data.name=fw10B", f"data.path={src}",
                         f"data.root={tmp_path / 'cache'}")
         assert r.returncode == 0, r.stderr[-2000:]
         assert "train: ? documents (adopted shards), 500 tokens, 1 shards" in r.stdout, r.stdout

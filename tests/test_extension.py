@@ -163,23 +163,53 @@ def test_new_optimizer_is_one_class(tmp_path):
         train(make_cfg(tmp_path / "bad", "optim=sgd"))
 
 
-def test_new_data_source_is_one_function(tmp_path):
-    from data.config import DataConfig
+def test_new_data_source_is_one_function_with_its_own_typed_keys(tmp_path):
+    """A source and its keys, no YAML: the keys exist only under that source, typed, each error one line."""
+    from common.config import PosInt
+    from data.config import DataConfig, DataError
     from data.sources import SOURCES, Stream, open_streams
 
-    @SOURCES.register("numbers")
+    @dataclass
+    class NumbersOptions(DataConfig):
+        count: PosInt = 49                # how many documents
+
+    @SOURCES.register("numbers", options=NumbersOptions)
     def numbers(cfg):
-        docs = [f"document {i}: " + "ab " * i for i in range(1, 50)]
+        docs = [f"document {i}: " + "ab " * i for i in range(1, cfg.count + 1)]
         return [Stream(label="numbers", split=None, total=len(docs), batches=lambda skip: iter([docs[skip:]]))]
     try:
-        cfg = DataConfig.from_any({"source": "numbers", "root": str(tmp_path)})   # no YAML, no name
+        cfg = DataConfig.from_any({"source": "numbers", "root": str(tmp_path), "count": 3})  # no YAML, no name
+        assert isinstance(cfg, NumbersOptions) and cfg.count == 3
         assert cfg.out_dir == tmp_path / "numbers-bytes"                         # named after its source
         (stream,) = open_streams(cfg)
-        assert next(stream.batches(0))[0] == "document 1: ab "
+        assert next(stream.batches(0)) == ["document 1: ab ", "document 2: ab ab ", "document 3: ab ab ab "]
+        assert "count" in cfg.content()                                          # it changes the tokens
+        with pytest.raises(DataError, match=r"^bad config data.count=0: must be a positive integer$"):
+            DataConfig.from_any({"source": "numbers", "count": 0})
+        with pytest.raises(DataError, match=r"^bad config data.count=3: not an option of data.source=pydocs "
+                                            r"\(its options: name, tokenizer, .*, batch_docs\)$"):
+            DataConfig.from_any({"source": "pydocs", "count": 3})
     finally:
         unregister(SOURCES, "numbers")
     with pytest.raises(Exception, match=r"unknown data.source='numbers'"):
         DataConfig.from_any({"name": "n", "source": "numbers", "tokenizer": "bytes", "root": str(tmp_path)})
+
+
+def test_a_sources_keys_exist_only_under_that_source():
+    """`data.files` is local's, `data.path` hf's and shards': set under another source, one line naming the
+    chosen source's keys; null (the schema's value when no file sets it) is that key's default."""
+    from data.config import DataConfig, DataError, HubOptions, LocalOptions, PysrcOptions
+
+    assert not hasattr(DataConfig.from_any({"source": "pydocs"}), "files")
+    assert isinstance(DataConfig.from_any({"source": "pysrc", "files": None, "packages": ["torch"]}), PysrcOptions)
+    hub = DataConfig.from_any({"source": "hf", "path": "HuggingFaceFW/fineweb-edu", "split": None})
+    assert isinstance(hub, HubOptions) and hub.split == "train" and hub.content()["path"] == hub.path
+    assert isinstance(DataConfig.from_any({"source": "local", "files": "a/*.txt"}), LocalOptions)
+    with pytest.raises(DataError, match=r"^bad config data.files='c/\*.txt': not an option of data.source=hf "
+                                        r"\(its options: .*, path, subset, revision, split, val_split\)$"):
+        DataConfig.from_any({"source": "hf", "path": "x/y", "files": "c/*.txt"})
+    with pytest.raises(DataError, match=r"^unknown key\(s\) data.filez: valid keys are name, "):
+        DataConfig.from_any({"source": "local", "files": "a", "filez": "b"})
 
 
 @pytest.mark.slow

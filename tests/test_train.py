@@ -542,7 +542,7 @@ def test_token_ids_outside_the_vocabulary_name_the_shard(tmp_path):
     src.mkdir()
     write_shard(src / "x_train_000000.bin", np.arange(4000, dtype=np.uint16) % 257)
     write_shard(src / "x_val_000000.bin", np.where(np.arange(2000) == 1500, 300, 7).astype(np.uint16))
-    data = ["data=local", "data.source=shards", f"data.path={src}", "data.name=llmc", "data.tokenizer=bytes",
+    data = ["data=shards", f"data.path={src}", "data.name=llmc", "data.tokenizer=bytes",
             f"data.root={tmp_path / 'cache'}"]
     with pytest.raises(
         DataError, match=r"x_val_000000\.bin: token id 300 is outside the vocabulary of bytes \(257 ids\)"

@@ -26,7 +26,7 @@ def config_help(config_dir: Path) -> str:
     from omegaconf import OmegaConf
 
     from common.config import defaults
-    from data.config import DataConfig
+    from data.config import SOURCES, DataConfig
     from model.config import GPTConfig, ModelGroup
     from model.norm_options import VARIANTS
 
@@ -40,7 +40,8 @@ def config_help(config_dir: Path) -> str:
     register_code_configs(config_dir)
     with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
         cfg = OmegaConf.to_container(compose("config"), resolve=False)
-    readers = {"train": [("", TrainConfig)], "logging": [("", LoggingConfig)], "data": [("", DataConfig)],
+    readers = {"train": [("", TrainConfig)], "logging": [("", LoggingConfig)],
+               "data": [("", DataConfig), *SOURCES.all_options().items()],
                "model": [("", ModelGroup), ("", GPTConfig)],  # (component name, its Options)
                "norm": list(VARIANTS.all_options().items()),
                "optim": [*OPTIMIZERS.all_options().items(), *SCHEDULES.all_options().items()]}
@@ -63,7 +64,7 @@ def config_help(config_dir: Path) -> str:
         node = flat_schedule(cfg[group]) if group == "optim" else cfg[group]  # as on the command line
         if group == "norm":  # the default variant's keys, then every other variant's, at its default
             node = {**node, **{k: None for _, c in readers["norm"] for k in own[c] if k not in node}}
-        chosen = {"", node.get("name"), node.get("schedule")}
+        chosen = {"", node.get("name"), node.get("schedule"), node.get("source")}
         for key, value in node.items():
             mine = [(n, c) for n, c in readers[group] if key in own[c]]
             name, cls = next(((n, c) for n, c in mine if n in chosen), mine[0])

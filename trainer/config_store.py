@@ -19,12 +19,12 @@ CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 def group_defaults() -> dict:
     """{group: {key: default}} for every config group train.py reads."""
     from common.config import defaults
-    from data.config import DataConfig
+    from data.config import data_group_defaults
     from model.config import model_group_defaults
 
     from .config import LoggingConfig, TrainConfig
 
-    return {"model": model_group_defaults(), "data": defaults(DataConfig),
+    return {"model": model_group_defaults(), "data": data_group_defaults(),
             "train": defaults(TrainConfig), "logging": defaults(LoggingConfig)}
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from common import ConfigError, UserError
-from data.config import DataConfig
+from data.config import content_keys
 from data.files import NotWritable, writable_dir
 from runtime.checkpoint import CheckpointError, ckpt_dir, find_latest, resolve_checkpoint
 
@@ -106,7 +106,7 @@ def last_recorded_step(metrics: Path) -> int:
 # Keys that decide which tokens each step sees: changing one on resume makes the continuation differ
 # from an uninterrupted run, so it takes train.resume_force=true. (The model: check_compatible.)
 EXACTNESS_KEYS = ("train.seed", "train.batch_tokens", "train.overfit_batch", "data.name",
-                  *(f"data.{k}" for k in DataConfig.content_keys()))
+                  *(f"data.{k}" for k in content_keys()))
 # How and where to resume, not what is trained.
 RESUME_KEYS = ("train.resume", "train.resume_force", "train.overwrite", "train.stop_at", "out_dir", "run_name")
 # Compared as the model's config by check_compatible, which reads older checkpoints' forms too (the

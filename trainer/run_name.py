@@ -27,9 +27,9 @@ def _split(override: str) -> tuple[str, str] | None:
 
 def named_overrides(overrides: list[str]) -> list[tuple[str, str]]:
     """(key, value) of the overrides that change what is trained, sorted by key; the last one of a key wins."""
-    from data.config import DataConfig
+    from data.config import content_keys
 
-    data_keys = {f"data.{k}" for k in DataConfig.content_keys()}
+    data_keys = {f"data.{k}" for k in content_keys()}
     kept = {}
     for o in overrides:
         kv = _split(o)
