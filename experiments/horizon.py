@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from common import children
+from common.errors import UserError
 from experiments import branches
 from experiments import runs as runlib
 from common.provenance import code_commit
@@ -191,9 +192,12 @@ def run_part(runner, part: dict) -> None:
                 if (c, lr, m, s) not in done and (not (trunk_dir(root, part, c, lr, m, s) / "horizons.json").is_file()
                                                   or not _complete(trunk_dir(root, part, c, lr, m, s)))]
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for f in [pool.submit(_train_trunk, runner, part, steps, decay, warmup, slots, priority, *t)
-                      for t in todo]:
-                f.result()
+            futures = [pool.submit(_train_trunk, runner, part, steps, decay, warmup, slots, priority, *t)
+                       for t in todo]
+            failed = [why for why in (f.result() for f in futures) if why]
+        if failed:  # the cell's next phase would choose from part of its bracket: it stops here
+            raise TrunkFailed(f"study cell {todo[0][0]}: {len(failed)} of {len(todo)} trunks failed, so the cell "
+                              f"stopped before its next phase (rerun to retry them); first: {failed[0]}")
 
     def run_cell(i: int, cell: str) -> None:
         rows = lambda: [r for r in collect(root, part, pub) if r["cell"] == cell]  # noqa: E731
@@ -264,6 +268,9 @@ def run_part(runner, part: dict) -> None:
         def cell_then_free(i: int, cell: str) -> None:
             try:
                 run_cell(i, cell)
+            except TrunkFailed as e:
+                print(f"### cell {cell} stopped: {e}", flush=True)
+                raise
             finally:
                 slots.finished(i)   # its held slots go to the next cells at once
         futures = [pool.submit(cell_then_free, i, c) for i, c in enumerate(cells)]
@@ -311,7 +318,13 @@ def _complete(d: Path) -> bool:
     return len(res["horizons"]) == len(point["horizons"])
 
 
-def _train_trunk(runner, part, steps, decay, warmup, slots, priority, cell, lr, mult, seed, role) -> None:
+class TrunkFailed(UserError):
+    """A cell's trunk exited with an error (not a divergence, which is a result): the study goes on with
+    the other cells and ends with this line."""
+
+
+def _train_trunk(runner, part, steps, decay, warmup, slots, priority, cell, lr, mult, seed, role) -> str | None:
+    """Train one trunk and its branches; the error's line if train.py failed, else None."""
     if children.stopped():  # a queued trunk after Ctrl-C / SIGTERM: start nothing, leave no empty run dir
         raise children.Stopped(children.stopped())
     study, args = runner.study, runner.args
@@ -330,9 +343,10 @@ def _train_trunk(runner, part, steps, decay, warmup, slots, priority, cell, lr, 
         t0 = time.time()
         print(f"# {cell} lr={lr:g} mult={mult:g} seed={seed} ({role}) -> {out}", flush=True)
         branches.run(out, list(steps.values()), decay, overrides, warmup, log=out / "train.log", env=env)
-    except RuntimeError as e:  # a failed trunk (e.g. diverged past recovery) is recorded, the study goes on
+    except RuntimeError as e:  # a crash, not a result: the cell's caller stops it after this phase
         print(f"! {e}", flush=True)
-        return
+        return str(e)
     finally:
         slots.release(slot)
     print(f"# done {cell} lr={lr:g} mult={mult:g} seed={seed}: {time.time() - t0:.0f} s", flush=True)
+    return None

@@ -257,6 +257,31 @@ def test_after_a_stop_signal_no_queued_trunk_starts(study_env, monkeypatch):
     assert trained == [] and not list(runner.args.runs_root.glob("**/point.json"))
 
 
+def test_a_crashed_trunk_stops_its_cell_before_it_chooses_and_the_study_ends_with_one_line(study_env, monkeypatch,
+                                                                                              capsys):
+    # A trunk whose train.py exits with an error leaves no result: choosing the lr from the rest of the bracket
+    # would be a choice the protocol never made, so that cell stops; the other cell still runs to its end.
+    hz, study, part, runner, trained = study_env
+    ok = hz.branches.run
+
+    def crash_one(out, horizons, decay, overrides, warmup=0, log=None, env=None):
+        if "norm=mhc" in overrides and "optim.lr=0.003" in overrides and "train.seed=1" in overrides:
+            raise RuntimeError("train.py ... failed with exit 1 (log x/train.log)")
+        return ok(out, horizons, decay, overrides, warmup, log, env)
+    monkeypatch.setattr(hz.branches, "run", crash_one)
+    with pytest.raises(hz.TrunkFailed, match=r"^study cell gpt2.mhc: 1 of 6 trunks failed, so the cell stopped "
+                                             r"before its next phase \(rerun to retry them\); first: train.py"):
+        hz.run_part(runner, part)
+    assert {r for c, *_, r in trained if c == "gpt2.mhc"} == {"selection"}            # never tested
+    assert {s for c, *_, s, r in trained if c == "gpt2.pre_ln" and r == "test"} == {2, 3, 4}  # the other cell whole
+    out = capsys.readouterr().out
+    assert "### cell gpt2.mhc stopped" in out and "### cell gpt2.mhc done" not in out
+    monkeypatch.setattr(hz.branches, "run", ok)  # rerun: the crashed trunk is retried, the cell goes on
+    hz.run_part(runner, part)
+    assert ("gpt2.mhc", 3e-3, 1.0, 1, "selection") in trained[-12:]
+    assert {s for c, *_, s, r in trained if c == "gpt2.mhc" and r == "test"} == {2, 3, 4}
+
+
 def test_crossings_name_the_horizons_between_which_the_mean_gap_changes_sign():
     from studies.horizon.report import crossings
 
