@@ -69,7 +69,8 @@ def timed(fn):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variants", nargs="*", default=[v for v in VARIANTS if v != "pre_ln"])
+    ap.add_argument("--variants", nargs="*", default=[*(v for v in VARIANTS if v != "pre_ln"),
+                                                      "pre_ln:kind=seednorm", "pre_ln:value_residual=true"])
     ap.add_argument("--n-layer", type=int, default=6)
     ap.add_argument("--n-embd", type=int, default=384)
     ap.add_argument("--n-head", type=int, default=6)

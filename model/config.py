@@ -56,6 +56,9 @@ class GPTConfig:
     #: sigmoid gate on attention's output before c_proj, from the sublayer input (Gated Attention, arXiv 2505.06708,
     #: G1): per element or per head
     attn_gate: Literal["none", "elementwise", "headwise"] = "none"
+    #: value residual (ResFormer, arXiv 2410.17897): every later layer's attention reads V_n <- (V_1 + V_n)/2,
+    #: V_1 the first layer's values (the authors' code: fixed halves)
+    value_residual: bool = False
     #: weight init scheme: nanogpt (N(0, 0.02)) | fan_in (N(0, 1/fan_in)); model/init.py
     init: Name = "nanogpt"
     #: std of the token/position embeddings at init; null: the init scheme's

@@ -1,6 +1,6 @@
 """GPT-2 (as in nanoGPT) with the residual-stream normalization taken from a variant class.
 
-Architecture axes (GPTConfig: pos_emb, mlp, bias, tie_embeddings, qk_norm, attn_gate; the `arch` presets
+Architecture axes (GPTConfig: pos_emb, mlp, bias, tie_embeddings, qk_norm, attn_gate, value_residual; the `arch` presets
 set the first five together) turn it into a LLaMA-, modded-nanogpt- or GPT-NeoX-style block; the default is GPT-2.
 Read top to bottom: a block (two sublayers, each wrapped by the variant's rule) and the GPT (embeddings ->
 input step -> blocks -> output step -> LM head). The sublayers and the KV cache are in model/sublayers.py.
@@ -36,10 +36,11 @@ class Block(nn.Module):
         self.mlp_rule = variant(cfg, 2 * layer + 1)
 
     def forward(self, h, cache: Optional[KVCache] = None, hidden: Optional[list] = None, rope=None,
-                outputs: Optional[list] = None, shared: Optional[list] = None):
+                outputs: Optional[list] = None, shared: Optional[list] = None, values: Optional[list] = None):
         """`hidden` collects the stream after each sublayer, `outputs` each sublayer's own output F(.);
-        `shared`: the variant's once-per-forward values for this block's two rules (Variant.shared)."""
-        attn, mlp = (lambda x: self.attn(x, cache, rope)), self.mlp
+        `shared`: the variant's once-per-forward values for this block's two rules (Variant.shared); `values`:
+        the first layer's attention values (`model.value_residual`)."""
+        attn, mlp = (lambda x: self.attn(x, cache, rope, values)), self.mlp
         if outputs is not None:
             attn, mlp = _recording(attn, outputs), _recording(mlp, outputs)
         h = self.attn_rule(h, attn) if shared is None else self.attn_rule(h, attn, shared[0])
@@ -102,8 +103,10 @@ class GPT(nn.Module):
         h = self.input_step(self.drop(e))
         hidden = [self.variant.stream_view(h)] if return_hidden else None
         shared = self.variant.shared(self.rules())
+        values = [] if self.config.value_residual else None
         for i, block in enumerate(self.blocks):
-            h = block(h, kv_cache, hidden, rope, sublayer_outputs, None if shared is None else shared[2 * i:2 * i + 2])
+            h = block(h, kv_cache, hidden, rope, sublayer_outputs, None if shared is None else shared[2 * i:2 * i + 2],
+                      values)
         h = self.output_step(h)
         if last_only:
             h = h[:, -1:, :]
@@ -233,6 +236,8 @@ class GPT(nn.Module):
                 p = getattr(module, pname, None)
                 if group == "scalars" and isinstance(p, nn.Parameter) and p.numel() == 1:
                     out[f"scalar/{mname}.{pname}" if mname else f"scalar/{pname}"] = p.detach().reshape(())
+            for key, v in (module.scalar_stats() if hasattr(module, "scalar_stats") else {}).items():
+                out[f"scalar/{mname}.{key}"] = v  # a module's own summary of vector parameters (SeeDNorm's)
         return out
 
     def flops_per_token(self, seq_len: Optional[int] = None, causal: bool = False) -> float:

@@ -23,7 +23,7 @@ VARIANTS = Registry("norm.name")   # variant name -> its class (model/variants/)
 # model/norms.py (cfg -> module), imported when a model is built
 NORM_KINDS = Registry("norm.kind")
 INPUT_STEPS = Registry("norm.embed_norm")
-for _name in ("layernorm", "rmsnorm", "derf"):
+for _name in ("layernorm", "rmsnorm", "derf", "seednorm"):
     NORM_KINDS.add(_name, f"{__package__}.norms:{_name}")
 for _name in ("none", "layer", "scalenorm", "scaled", "unit"):
     INPUT_STEPS.add(_name, f"{__package__}.norms:{_name}_input")
@@ -42,7 +42,7 @@ def variant(name: str, cls: str):
 class NormOptions:
     """The `norm.*` keys every variant reads (its Norms, input and output step)."""
     name: str = "pre_ln"              # the variant: a name registered in model/variants/
-    kind: str = "layernorm"           # layernorm | rmsnorm | derf (every Norm of the variant)
+    kind: str = "layernorm"           # layernorm | rmsnorm | derf | seednorm (every Norm of the variant)
     eps: NonNeg = 1e-5                # epsilon of every Norm
     embed_norm: str = "none"          # input step: none | layer | scalenorm | unit | scaled
     final_norm: bool = True           # output Norm before the LM head

@@ -81,6 +81,32 @@ class Derf(nn.Module):
         return self.weight * torch.erf(self.alpha * x + self.shift) + self.bias
 
 
+class SeeDNorm(nn.Module):
+    """SeeDNorm (Cai et al., arXiv 2510.22777, ICLR 2026): [tanh(x beta^T) alpha + gamma] * x / RMS(x), with
+    RMS(x) = sqrt(mean(x^2) + eps). beta, alpha, gamma are per channel; x beta^T is one number per token, so
+    the gain gamma moves with the input along alpha. Init gamma = alpha = 1, beta = 0 (our choice: RMSNorm
+    exactly at init, and beta, then alpha, learn from the first step; docs/variants.md)."""
+
+    optim_groups = {"weight": "vectors", "alpha": "vectors", "beta": "vectors"}
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))   # gamma
+        self.alpha = nn.Parameter(torch.ones(dim))
+        self.beta = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x):
+        # The dot product as a multiply and a sum, not a matmul: autocast would run a matmul in bf16 and
+        # tanh's input is a sum over d channels, whose rounding would be the gain's.
+        t = torch.tanh((x * self.beta).sum(-1, keepdim=True))
+        return (t * self.alpha + self.weight) * F.rms_norm(x, self.weight.shape, None, self.eps)
+
+    def scalar_stats(self) -> dict:
+        """What the monitor logs: how far beta (the input dependence) and alpha have moved from 0 and 1."""
+        return {"beta_norm": self.beta.detach().norm(), "alpha_rms": self.alpha.detach().pow(2).mean().sqrt()}
+
+
 class ScaledInput(nn.Module):
     """h = s * e with a learnable scalar s, init sqrt(d): the input step of Derf's (and DyT's) nanoGPT
     recipe (arXiv 2512.10938, its language-model code), which puts the stream at RMS ~ 0.02 sqrt(d)."""
@@ -132,6 +158,10 @@ def layernorm(cfg: "GPTConfig") -> nn.Module:
 
 def rmsnorm(cfg: "GPTConfig") -> nn.Module:
     return RMSNorm(cfg.n_embd, cfg.norm.eps)
+
+
+def seednorm(cfg: "GPTConfig") -> nn.Module:
+    return SeeDNorm(cfg.n_embd, cfg.norm.eps)
 
 
 def derf(cfg: "GPTConfig") -> nn.Module:

@@ -52,6 +52,8 @@ class CausalSelfAttention(nn.Module):
     overrides `project` (q, k, v from x) or `heads` (q, k, v split into heads, normalized, rotated)."""
 
     scale: Optional[float] = None  # the softmax scale; None: SDPA's 1/sqrt(head dim)
+    # The KV cache holds each layer's V after the value residual's mix: a cached token's V_1 is its own, so a
+    # cached forward mixes exactly what the full one does.
 
     def __init__(self, cfg: "GPTConfig", layer: int):
         super().__init__()
@@ -81,9 +83,18 @@ class CausalSelfAttention(nn.Module):
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, rope=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: Optional[KVCache] = None, rope=None,
+                values: Optional[list] = None) -> torch.Tensor:
+        """`values` (`model.value_residual`): this forward's first-layer V, which layer 0 puts there and every
+        later layer mixes into its own, as [B, T, d] before the heads (ResFormer's V_n <- (V_1 + V_n)/2)."""
         B, T, C = x.shape
-        q, k, v = self.heads(*self.project(x), rope)
+        q, k, v = self.project(x)
+        if values is not None:
+            if self.layer == 0:
+                values.append(v)
+            else:
+                v = 0.5 * values[0] + 0.5 * v
+        q, k, v = self.heads(q, k, v, rope)
         drop = self.dropout if self.training else 0.0
         if cache is None or cache.pos == 0:
             if cache is not None:

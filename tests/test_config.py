@@ -390,7 +390,7 @@ def test_the_model_config_checks_init_and_norm_names_and_imports_torch_only_then
             "    try:\n        GPTConfig(**kw)\n    except Exception as e:\n        print(e)\n")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.splitlines() == ["unknown model.init='bogus': valid are nanogpt, fan_in",
-                                "unknown norm.kind='bogus': valid are layernorm, rmsnorm, derf",
+                                "unknown norm.kind='bogus': valid are layernorm, rmsnorm, derf, seednorm",
                                 "unknown norm.embed_norm='bogus': valid are none, layer, scalenorm, scaled, unit"]
 
 

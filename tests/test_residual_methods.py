@@ -298,3 +298,115 @@ def test_the_widened_streams_matmul_mixing_equals_the_broadcast_form(norm, kw, m
     assert torch.allclose(la, lb, rtol=1e-13, atol=0)
     for k in ga:
         assert (ga[k] - gb[k]).abs().max() <= 1e-12 * ga[k].abs().max() + 1e-300, k
+
+
+# ---- SeeDNorm (norm.kind=seednorm) and the value residual (model.value_residual) ----
+PRESETS = ("gpt2", "llama", "speedrun", "neox")
+
+
+def _seednorm_reference(norm, x):
+    """[tanh(x beta^T) alpha + gamma] * x / sqrt(mean(x^2) + eps), in float64."""
+    x, beta, alpha, gamma = (t.double() for t in (x, norm.beta, norm.alpha, norm.weight))
+    t = torch.tanh(x @ beta)[..., None]
+    return (t * alpha + gamma) * x / (x.pow(2).mean(-1, keepdim=True) + norm.eps).sqrt()
+
+
+def test_seednorm_is_rmsnorm_at_init_and_follows_its_formula_once_trained():
+    from model.norms import RMSNorm, SeeDNorm
+
+    torch.manual_seed(0)
+    x = torch.randn(3, T, D) * 3.0
+    seed, rms = SeeDNorm(D, 1e-5), RMSNorm(D, 1e-5)
+    assert torch.equal(seed(x), rms(x))                   # beta = 0: tanh(0) = 0, the gain is gamma alone
+    with torch.no_grad():                                  # every parameter off its init, so each one is checked
+        seed.beta.normal_(0.0, 0.3)
+        seed.alpha.uniform_(0.5, 1.5)
+        seed.weight.uniform_(0.5, 1.5)
+    got = seed(x)
+    assert torch.allclose(got.double(), _seednorm_reference(seed, x), atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(got, rms(x), atol=1e-2)
+    # the gain depends on the token: two tokens with the same direction but different x.beta differ by more
+    # than their norms' ratio (RMSNorm would map both to the same vector)
+    assert not torch.allclose(seed(x[:, :1] * 2.0), seed(x[:, :1]), atol=1e-3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):     # float32 math under bf16 autocast
+        auto = seed(x)
+    assert auto.dtype == torch.float32 and torch.allclose(auto.double(), _seednorm_reference(seed, x), atol=1e-5)
+
+
+def test_seednorm_is_a_norm_kind_of_every_variant_with_its_groups_and_stats():
+    for norm in ("pre_ln", "post_ln", "peri_ln", "geonorm", "hc"):
+        model = one_block(norm, kind="seednorm")
+        kinds = {type(m).__name__ for n, m in model.named_modules() if n.endswith("norm") or n == "output_step"}
+        assert "SeeDNorm" in kinds and "LayerNorm" not in kinds, (norm, kinds)
+        assert torch.isfinite(model(tokens())[0]).all()
+    model = one_block("pre_ln", kind="seednorm")
+    groups = {n: g for g, ps in model.parameter_groups().items() for n, _ in ps}
+    assert {groups[f"blocks.0.attn_rule.norm.{p}"] for p in ("weight", "alpha", "beta")} == {"vectors"}
+    stats = model.scalar_values()
+    assert stats["scalar/blocks.0.attn_rule.norm.beta_norm"].item() == 0.0       # beta at its init
+    assert stats["scalar/blocks.0.attn_rule.norm.alpha_rms"].item() == 1.0
+
+
+def test_value_residual_leaves_layer_one_and_mixes_its_values_into_every_later_layer():
+    """V_n <- (V_1 + V_n)/2 for n >= 2 (ResFormer): layer 1's stream is the plain model's; layer 2's attention,
+    written out with the mixed values, is what the model computes."""
+    torch.manual_seed(0)
+    plain = GPT(gpt_config("pre_ln", vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D)).eval()
+    mixed = GPT(gpt_config("pre_ln", vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D,
+                           value_residual=True)).eval()
+    mixed.load_state_dict(plain.state_dict())              # no new parameter: the same weights load strictly
+    x = tokens()
+    _, _, hp = plain(x, return_hidden=True)
+    _, _, hm = mixed(x, return_hidden=True)
+    assert torch.equal(hp[1], hm[1]) and torch.equal(hp[2], hm[2])   # block 1 unchanged
+    a0, a1 = mixed.blocks[0].attn, mixed.blocks[1].attn
+    v1 = a0.c_attn(mixed.blocks[0].attn_rule.norm(hm[0])).split(D, dim=2)[2]
+    u = mixed.blocks[1].attn_rule.norm(hm[2])
+    q, k, v = a1.c_attn(u).split(D, dim=2)
+    v = 0.5 * v1 + 0.5 * v
+    q, k, v = (t.view(3, T, 2, D // 2).transpose(1, 2).double() for t in (q, k, v))
+    scores = (q @ k.transpose(-1, -2) / (D // 2) ** 0.5).masked_fill(
+        torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+    y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(3, T, D)
+    ref = hm[2].double() + F.linear(y, a1.c_proj.weight.double(), a1.c_proj.bias.double())
+    assert torch.allclose(hm[3].double(), ref, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(hm[3], hp[3], atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", PRESETS)
+def test_seednorm_and_value_residual_train_every_parameter_on_every_preset_and_generate_with_a_cache(arch):
+    from test_arch import preset, sharp
+
+    x = tokens(2)
+    for kw in ({"norm": {"name": "pre_ln", "kind": "seednorm"}}, {"value_residual": True}):
+        cfg = preset(arch).to_dict()
+        torch.manual_seed(0)
+        model = GPT(type(preset(arch)).from_dict({**cfg, **kw}))
+        _, loss = model(x, x)
+        loss.backward()
+        for name, p in model.named_parameters():
+            assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, kw, name)
+        model = sharp(model)
+        prompt = x[:, :5]
+        for new in (T - 5, T + 4):
+            assert torch.equal(generate(model, prompt, new, temperature=0, use_cache=True),
+                               generate(model, prompt, new, temperature=0, use_cache=False)), (arch, kw)
+
+
+def test_seednorm_and_value_residual_compile_with_no_graph_break():
+    """fullgraph=True fails on any graph break: the forward and backward are one graph each."""
+    torch._dynamo.reset()
+    for kw in ({"kind": "seednorm"}, {"value_residual": True}):
+        model = GPT(gpt_config("pre_ln", vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D, **kw))
+        compiled = torch.compile(model, backend="eager", fullgraph=True)
+        x = tokens(2)
+        _, loss = compiled(x, x)
+        loss.backward()
+        assert torch.isfinite(loss)
+    torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("over", [["norm.kind=seednorm"], ["model.value_residual=true", "arch=llama"]])
+def test_seednorm_and_value_residual_resume_exactly(tmp_path, over):
+    assert_resume_is_exact(tmp_path, *over, "train.max_steps=6")
