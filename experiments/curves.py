@@ -18,7 +18,8 @@ from data.files import atomic_open  # noqa: E402
 # One colour per variant, fixed by its place in the registry, so a variant looks the same in every
 # figure. tab10 plus enough distinct extras for every registered variant.
 PALETTE = list(plt.get_cmap("tab10").colors) + ["#000000", "#b8860b", "#00a6a6", "#7b68ee", "#9acd32", "#8b4513",
-                                                 "#ff1493", "#2f4f4f", "#6b8e23", "#4682b4"]
+                                                 "#ff1493", "#2f4f4f", "#6b8e23", "#4682b4", "#800000", "#000080",
+                                                 "#40e0d0", "#daa520"]
 
 
 @functools.cache

@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Annotated, Any, Literal, Mapping, Optional
 
 from common import ConfigError, Registry
-from common.config import Name, PosInt, Range, bad, build, check, defaults, own_options, to_plain, union_keys
+from common.config import Name, NonNegInt, PosInt, Range, bad, build, check, defaults, own_options, to_plain, union_keys
 
 from .norm_options import VARIANTS, NormOptions
 
@@ -59,6 +59,9 @@ class GPTConfig:
     #: value residual (ResFormer, arXiv 2410.17897): every later layer's attention reads V_n <- (V_1 + V_n)/2,
     #: V_1 the first layer's values (the authors' code: fixed halves)
     value_residual: bool = False
+    #: ProRes (arXiv 2603.05369): every residual branch of block l scaled by min(1, u/T_l), u the optimizer
+    #: updates so far, T_l from this/N (block 1) to this (block N), linearly; 0: off
+    prores_steps: NonNegInt = 0
     #: weight init scheme: nanogpt (N(0, 0.02)) | fan_in (N(0, 1/fan_in)); model/init.py
     init: Name = "nanogpt"
     #: std of the token/position embeddings at init; null: the init scheme's
@@ -73,6 +76,10 @@ class GPTConfig:
         if self.n_embd % self.n_head:
             bad("model.n_embd", self.n_embd, f"must be divisible by model.n_head={self.n_head}")
         INITS[self.init]  # an unknown scheme: one line listing the valid ones
+        self.norm.check_model(self)
+        if 0 < self.prores_steps < self.n_layer:
+            bad("model.prores_steps", self.prores_steps, f"must be 0 (off) or at least model.n_layer={self.n_layer} "
+                "(block 1 warms up over prores_steps // n_layer updates)")
         if self.pos_emb == "rope" and self.rope_dims < 2:
             bad("model.rope_fraction", self.rope_fraction, f"rotates no pair of the {self.head_dim} head dimensions")
 

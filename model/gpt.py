@@ -36,11 +36,15 @@ class Block(nn.Module):
         self.mlp_rule = variant(cfg, 2 * layer + 1)
 
     def forward(self, h, cache: Optional[KVCache] = None, hidden: Optional[list] = None, rope=None,
-                outputs: Optional[list] = None, shared: Optional[list] = None, values: Optional[list] = None):
+                outputs: Optional[list] = None, shared: Optional[list] = None, values: Optional[list] = None,
+                scale: Optional[torch.Tensor] = None):
         """`hidden` collects the stream after each sublayer, `outputs` each sublayer's own output F(.);
         `shared`: the variant's once-per-forward values for this block's two rules (Variant.shared); `values`:
-        the first layer's attention values (`model.value_residual`)."""
+        the first layer's attention values (`model.value_residual`); `scale`: the factor on both sublayers'
+        outputs (`model.prores_steps`), a 0-d device tensor."""
         attn, mlp = (lambda x: self.attn(x, cache, rope, values)), self.mlp
+        if scale is not None:
+            attn, mlp = (lambda x, f=attn: scale * f(x)), (lambda x, f=mlp: scale * f(x))
         if outputs is not None:
             attn, mlp = _recording(attn, outputs), _recording(mlp, outputs)
         h = self.attn_rule(h, attn) if shared is None else self.attn_rule(h, attn, shared[0])
@@ -81,6 +85,11 @@ class GPT(nn.Module):
         if config.tie_embeddings:
             self.wte.weight = self.lm_head.weight           # weight tying, as GPT-2
 
+        if config.prores_steps:   # ProRes: the optimizer updates so far, kept with the weights (exact resume)
+            self.register_buffer("prores_step", torch.zeros((), dtype=torch.long))
+            n = config.n_layer     # block l warms up over T_l, from T//N (block 1) to T (block N): the authors' code
+            self.register_buffer("prores_warmup", torch.linspace(config.prores_steps // n, config.prores_steps, n),
+                                 persistent=False)
         initialise(self, config)                            # `model.init` (model/init.py)
         variant.init_weights(self)                          # the variant's own (DeepNorm's gains, a calibration)
 
@@ -104,9 +113,10 @@ class GPT(nn.Module):
         hidden = [self.variant.stream_view(h)] if return_hidden else None
         shared = self.variant.shared(self.rules())
         values = [] if self.config.value_residual else None
+        scales = self.prores_scales()
         for i, block in enumerate(self.blocks):
             h = block(h, kv_cache, hidden, rope, sublayer_outputs, None if shared is None else shared[2 * i:2 * i + 2],
-                      values)
+                      values, None if scales is None else scales[i])
         h = self.output_step(h)
         if last_only:
             h = h[:, -1:, :]
@@ -174,8 +184,17 @@ class GPT(nn.Module):
 
     def after_optimizer_step(self, applied: torch.Tensor) -> None:
         """The trainer calls this after every optimizer step; `applied` is a 0-d bool device tensor
-        (False after a skipped step). The variant decides what, if anything, to do (nGPT renormalizes)."""
+        (False after a skipped step). The variant decides what, if anything, to do (nGPT renormalizes);
+        ProRes counts the applied updates on the device (no host sync)."""
         self.variant.after_step(self, applied)
+        if self.config.prores_steps:
+            self.prores_step.add_(applied.to(self.prores_step.dtype))
+
+    def prores_scales(self) -> Optional[torch.Tensor]:
+        """ProRes's factor of each block's residual branches, min(1, u/T_l) [n_layer]; None when off."""
+        if not self.config.prores_steps:
+            return None
+        return (self.prores_step.float() / self.prores_warmup).clamp(max=1.0)
 
     def fused_matrices(self) -> Dict[int, int]:
         """Weights that stack several matrices by rows, id(param) -> how many: attention's q, k, v.
@@ -220,6 +239,9 @@ class GPT(nn.Module):
         for i, b in enumerate(self.blocks):
             if b.attn.last_gate_mean is not None:
                 out[f"gate_mean/{i}"] = b.attn.last_gate_mean
+        scales = self.prores_scales()
+        if scales is not None:
+            out.update({f"prores/{i}": s for i, s in enumerate(scales.detach())})
         out.update(self.scalar_values())
         return out
 

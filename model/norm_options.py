@@ -53,6 +53,9 @@ class NormOptions:
         check(self, "norm")  # every field of the variant's Options, its own included
         NORM_KINDS[self.kind], INPUT_STEPS[self.embed_norm]  # unknown names: one line listing the valid ones
 
+    def check_model(self, model) -> None:
+        """Checks that relate a `norm.*` key to the model's shape (`model` is the GPTConfig); none here."""
+
     def unread(self, given) -> dict:
         """Of the keys set (`given`) away from their defaults, those this configuration does not read, each
         with the setting that reads it (a fixed radius without a ScaleNorm to fix; Derf's alpha without Derf)."""
@@ -229,3 +232,19 @@ class StreamOptions(NormOptions):
 @dataclass
 class ManifoldStreamOptions(StreamOptions):
     sinkhorn_iters: PosInt = 20       # Sinkhorn-Knopp iterations of H_res (the paper's t_max)
+
+
+# SiameseNorm's two streams (model/variants/streams.py): the base keys only
+variant("siamese", "streams:SiameseNorm")(NormOptions)
+
+
+@variant("attnres", "streams:AttentionResiduals")
+@dataclass
+class AttnResOptions(NormOptions):
+    #: Block AttnRes: the 2N sublayers in this many blocks (2N must divide by it); null: Full AttnRes
+    blocks: Optional[PosInt] = None
+
+    def check_model(self, model) -> None:
+        if self.blocks is not None and (2 * model.n_layer) % self.blocks:
+            bad("norm.blocks", self.blocks, f"must divide the {2 * model.n_layer} sublayers "
+                f"(2 x model.n_layer={model.n_layer}), or be null (Full AttnRes)")

@@ -410,3 +410,217 @@ def test_seednorm_and_value_residual_compile_with_no_graph_break():
 @pytest.mark.parametrize("over", [["norm.kind=seednorm"], ["model.value_residual=true", "arch=llama"]])
 def test_seednorm_and_value_residual_resume_exactly(tmp_path, over):
     assert_resume_is_exact(tmp_path, *over, "train.max_steps=6")
+
+
+# ---- SiameseNorm (siamese) ----
+def test_siamese_streams_start_equal_and_follow_the_authors_rule():
+    """x = y = e; per sublayer x <- Norm_p(x), z = F(Norm_i(x + Norm_q(y))), x <- x + z/sqrt(2k), y <- y + z;
+    output Norm(Norm_x(x) + Norm_y(y)): written out over two blocks, every norm's gain moved off its init."""
+    torch.manual_seed(0)
+    model = GPT(gpt_config("siamese", vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D)).eval()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.uniform_(0.5, 1.5)
+    x = tokens()
+    e = model.wte(x) + model.wpe(torch.arange(T))
+    H0 = model.input_step(e)
+    assert torch.equal(H0[..., 0, :], e) and torch.equal(H0[..., 1, :], e)      # both streams start at e
+    xs, ys = e, e
+    for k, block in enumerate(model.blocks, start=1):
+        for rule, f in ((block.attn_rule, lambda u: block.attn(u)), (block.mlp_rule, block.mlp)):
+            xs = rule.post_norm(xs)
+            z = f(rule.in_norm(xs + rule.pre_norm(ys)))
+            xs, ys = xs + z / (2 * k) ** 0.5, ys + z
+    out = model.output_step.norm(model.output_step.x_norm(xs) + model.output_step.y_norm(ys))
+    assert torch.allclose(model(x)[0], model.lm_head(out), atol=1e-5)
+    _, _, hidden = model(x, return_hidden=True)
+    assert torch.allclose(hidden[-1], ys, atol=1e-5)                            # the monitor sees y
+
+
+def test_siamese_logs_its_streams_and_counts_its_norms():
+    model = one_block("siamese")
+    model.set_stats_tracking(True)
+    model(tokens())
+    stats = model.norm_stats()
+    assert {"step/0/post_rms", "step/0/pre_rms", "step/1/post_rms", "step/1/pre_rms"} <= set(stats)
+    assert abs(stats["step/1/post_rms"].item() - 1.0) < 0.05   # just normalized (gain 1, no bias at init)
+    plain = one_block("pre_ln")
+    # three norms per sublayer and three at the output, against Pre-LN's one and one (LayerNorm: 2d each)
+    assert model.num_params() - plain.num_params() == (3 * 2 + 3 - (2 + 1)) * 2 * D
+
+
+@pytest.mark.parametrize("arch", PRESETS)
+def test_siamese_trains_every_parameter_on_every_preset_generates_with_a_cache_and_compiles_whole(arch):
+    from test_arch import preset, sharp
+
+    x = tokens(2)
+    torch.manual_seed(0)
+    model = GPT(preset(arch, "siamese"))
+    _, loss = model(x, x)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, name)
+    model = sharp(model)
+    for new in (T - 5, T + 4):
+        assert torch.equal(generate(model, x[:, :5], new, temperature=0, use_cache=True),
+                           generate(model, x[:, :5], new, temperature=0, use_cache=False)), arch
+    if arch == "gpt2":
+        torch._dynamo.reset()
+        _, loss = torch.compile(model.train(), backend="eager", fullgraph=True)(x, x)
+        assert torch.isfinite(loss)
+        torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_siamese_resumes_exactly(tmp_path):
+    assert_resume_is_exact(tmp_path, "norm=siamese", "train.max_steps=6")
+
+
+# ---- Attention Residuals (attnres; norm.blocks) ----
+def _attnres(blocks=None, n_layer=2, seed=0, queries=True):
+    torch.manual_seed(seed)
+    model = GPT(gpt_config("attnres", vocab_size=V, block_size=T, n_layer=n_layer, n_head=2, n_embd=D,
+                           blocks=blocks)).eval()
+    if queries:  # pseudo-queries off their zero init, so the weights are not the uniform mean
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if n.endswith("query"):
+                    p.normal_(0.0, 1.0, generator=torch.Generator().manual_seed(len(n)))
+    return model
+
+
+def _depth_mix(w, sources):
+    keys = torch.stack([F.rms_norm(v.double(), (D,), eps=1e-5) for v in sources], dim=-2)
+    a = torch.softmax((keys * w.double()).sum(-1), dim=-1)
+    return (a.unsqueeze(-1) * torch.stack([v.double() for v in sources], dim=-2)).sum(-2)
+
+
+@pytest.mark.parametrize("blocks", [None, 2])
+def test_attnres_follows_its_rule_full_and_block(blocks):
+    """Full: sublayer l reads softmax_i(w_l . RMSNorm(v_i)) over the embedding and every earlier output; Block
+    (2 blocks of 2 sublayers): over the embedding, the finished blocks' sums and the current partial sum."""
+    model = _attnres(blocks)
+    x = tokens()
+    e = model.wte(x) + model.wpe(torch.arange(T))
+    done, partial = [e], None
+    rules = model.rules()
+    for j, rule in enumerate(rules):
+        block = model.blocks[j // 2]
+        f = (lambda u, b=block: b.attn(u)) if j % 2 == 0 else block.mlp
+        h = _depth_mix(rule.query, done + ([partial] if partial is not None else []))
+        v = f(rule.norm(h.float()))
+        partial = v if partial is None else partial + v
+        if blocks is None or j % 2 == 1:   # the end of a block: one sublayer (Full) or two (2 blocks of 2)
+            done, partial = done + [partial], None
+    out = model.output_step.norm(_depth_mix(model.output_step.query, done).float())
+    assert torch.allclose(model(x)[0], model.lm_head(out), atol=1e-4)
+
+
+def test_block_attnres_with_one_sublayer_per_block_is_full_attnres_and_starts_as_the_mean():
+    x = tokens()
+    full, one_each = _attnres(None, seed=3), _attnres(4, seed=3)   # 2 blocks x 2 sublayers: 4 AttnRes blocks
+    assert torch.equal(full(x)[0], one_each(x)[0])
+    assert not torch.allclose(full(x)[0], _attnres(2, seed=3)(x)[0], atol=1e-4)
+    model = _attnres(None, queries=False)    # zero queries: every sublayer reads the mean of its sources
+    model.set_stats_tracking(True)
+    model(x)
+    stats = model.norm_stats()
+    assert stats["step/3/depth_entropy"].item() == pytest.approx(1.0)
+    assert stats["step/3/depth_w_embed"].item() == pytest.approx(1 / 4)   # sources: e, v1, v2, v3
+
+
+def test_attnres_blocks_must_divide_the_sublayers():
+    from model import ConfigError
+    with pytest.raises(ConfigError, match=r"^bad config norm.blocks=3: must divide the 4 sublayers "
+                                          r"\(2 x model.n_layer=2\), or be null \(Full AttnRes\)$"):
+        gpt_config("attnres", n_layer=2, blocks=3)
+    with pytest.raises(ConfigError, match=r"norm.blocks=2: not an option of norm.name=pre_ln"):
+        gpt_config("pre_ln", blocks=2)
+
+
+@pytest.mark.parametrize("arch", PRESETS)
+@pytest.mark.parametrize("blocks", [None, 2])
+def test_attnres_trains_every_parameter_on_every_preset_generates_with_a_cache_and_compiles_whole(arch, blocks):
+    from test_arch import preset, sharp
+
+    x = tokens(2)
+    torch.manual_seed(0)
+    base = preset(arch).to_dict()
+    model = GPT(type(preset(arch)).from_dict({**base, "norm": {"name": "attnres", "kind": base["norm"]["kind"],
+                                                                 "blocks": blocks}}))
+    _, loss = model(x, x)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, name)
+    model = sharp(model)
+    for new in (T - 5, T + 4):
+        assert torch.equal(generate(model, x[:, :5], new, temperature=0, use_cache=True),
+                           generate(model, x[:, :5], new, temperature=0, use_cache=False)), arch
+    if arch == "gpt2":
+        torch._dynamo.reset()
+        _, loss = torch.compile(model.train(), backend="eager", fullgraph=True)(x, x)
+        assert torch.isfinite(loss)
+        torch._dynamo.reset()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("over", [[], ["norm.blocks=2"]])
+def test_attnres_resumes_exactly(tmp_path, over):
+    assert_resume_is_exact(tmp_path, "norm=attnres", *over, "train.max_steps=6")
+
+
+# ---- ProRes (model.prores_steps) ----
+def test_prores_warms_each_block_up_linearly_deeper_blocks_later_and_skipped_steps_do_not_count():
+    """The authors' linear schedule: block l's branches scaled by min(1, u/T_l), T_l = linspace(T//N, T, N)."""
+    model = GPT(gpt_config("pre_ln", vocab_size=V, block_size=T, n_layer=4, n_head=2, n_embd=D, prores_steps=40))
+    assert model.prores_scales().tolist() == [0.0] * 4                  # u = 0: every branch off
+    for applied in [True] * 10 + [False] * 3:                           # 3 skipped steps: the count stays at 10
+        model.after_optimizer_step(torch.tensor(applied))
+    assert model.prores_scales().tolist() == pytest.approx([1.0, 10 / 20, 10 / 30, 10 / 40])
+    assert model.norm_stats()["prores/1"].item() == pytest.approx(0.5)  # logged with the other scalars
+    from model import ConfigError
+    with pytest.raises(ConfigError, match=r"^bad config model.prores_steps=3: must be 0 \(off\) or at least "
+                                          r"model.n_layer=4"):
+        gpt_config("pre_ln", n_layer=4, prores_steps=3)
+
+
+@pytest.mark.parametrize("norm", ["pre_ln", "post_ln", "geonorm", "hc"])
+def test_prores_at_scale_one_is_its_base_variant_and_at_zero_skips_every_branch(norm):
+    torch.manual_seed(0)
+    base = GPT(gpt_config(norm, vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D)).eval()
+    warm = GPT(gpt_config(norm, vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D, prores_steps=8)).eval()
+    warm.load_state_dict(base.state_dict(), strict=False)
+    x = tokens()
+    for _ in range(8):
+        warm.after_optimizer_step(torch.tensor(True))
+    assert torch.equal(warm(x)[0], base(x)[0])                         # every scale exactly 1.0
+    if norm in ("pre_ln", "hc"):   # additive rules: F scaled by 0 leaves the stream where the input step put it
+        warm.prores_step.zero_()
+        _, _, hidden = warm(x, return_hidden=True)
+        assert all(torch.equal(h, hidden[0]) for h in hidden[1:])
+
+
+@pytest.mark.parametrize("arch", PRESETS)
+def test_prores_trains_on_every_preset_and_compiles_whole(arch):
+    from test_arch import preset
+
+    x = tokens(2)
+    torch.manual_seed(0)
+    model = GPT(type(preset(arch)).from_dict({**preset(arch).to_dict(), "prores_steps": 4}))
+    for _ in range(2):
+        model.after_optimizer_step(torch.tensor(True))
+    _, loss = model(x, x)
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    if arch == "gpt2":
+        torch._dynamo.reset()
+        _, loss = torch.compile(model, backend="eager", fullgraph=True)(x, x)
+        assert torch.isfinite(loss)
+        torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_prores_resumes_exactly(tmp_path):
+    a, _ = assert_resume_is_exact(tmp_path, "model.prores_steps=8", "train.max_steps=6")
+    assert a["model"]["prores_step"].item() == 6                        # the count travels with the weights

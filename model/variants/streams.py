@@ -1,7 +1,9 @@
-"""Hyper-connections and mHC: n copies of the residual stream, mixed by learned (doubly stochastic)
-matrices."""
+"""Widened residual streams: hyper-connections and mHC (n copies, mixed by learned (doubly stochastic)
+matrices), SiameseNorm (a Post-Norm-like and a Pre-Norm-like stream updated by the same sublayers) and
+Attention Residuals (the earlier sublayers' outputs kept apart and attended over by depth)."""
 from __future__ import annotations
 
+import math
 from typing import Dict
 
 import torch
@@ -176,3 +178,138 @@ class ManifoldHyperConnections(_WideStream):
 
     def step_sizes(self):
         return mixing_stats(sinkhorn(self.b_res.detach(), self.iters))
+
+
+class SiameseNorm(Variant):
+    """SiameseNorm (Li et al., arXiv 2602.08064, ICML 2026; the authors' released code, post-pre form): two
+    streams of width d, H = (x, y) as [B, T, 2, d], both the embedding at the input, updated by the same
+    sublayer output z. x is Post-Norm-like (normalized before each sublayer, so the main path is), y is
+    Pre-Norm-like (never normalized: the identity path); with c = sqrt(2k) for block k (1-based),
+
+        x <- Norm_post(x);   z = F(Norm_in(x + Norm_pre(y)));   x <- x + z / c;   y <- y + z,
+
+    and the output step is Norm_out(Norm_x(x) + Norm_y(y)). Every Norm is `norm.kind`, each its own."""
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.post_norm, self.pre_norm, self.in_norm = make_norm(cfg), make_norm(cfg), make_norm(cfg)
+        self.c = math.sqrt(2 * self.k)   # the authors' code: sqrt((block index + 1) * 2), shared by both sublayers
+        self.track, self.last_rms = False, None   # the monitor turns tracking on at stats steps
+
+    def forward(self, H, f):
+        x, y = self.post_norm(H[..., 0, :]), H[..., 1, :]
+        z = f(self.in_norm(x + self.pre_norm(y)))
+        if self.track:   # each stream's RMS as this sublayer reads it: how far the two have parted
+            self.last_rms = torch.stack([t.detach().float().pow(2).mean().sqrt() for t in (x, y)])
+        return torch.stack((x + z / self.c, y + z), dim=-2)
+
+    def step_sizes(self) -> Dict[str, torch.Tensor]:
+        return {} if self.last_rms is None else {"post_rms": self.last_rms[0], "pre_rms": self.last_rms[1]}
+
+    @staticmethod
+    def stream_view(H):
+        return H[..., 1, :]   # the Pre-Norm-like stream: the one comparable with Pre-LN's h
+
+    @classmethod
+    def input_step(cls, cfg):
+        return _Expand(make_input_step(cfg), 2)
+
+    @classmethod
+    def output_step(cls, cfg):
+        return _SiameseOutput(cfg)
+
+
+class _SiameseOutput(nn.Module):
+    """Norm_out(Norm_x(x) + Norm_y(y)); `norm.final_norm=false` leaves out Norm_out."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.x_norm, self.y_norm = make_norm(cfg), make_norm(cfg)
+        self.norm = make_norm(cfg) if cfg.norm.final_norm else nn.Identity()
+
+    def forward(self, H):
+        return self.norm(self.x_norm(H[..., 0, :]) + self.y_norm(H[..., 1, :]))
+
+
+class AttentionResiduals(Variant):
+    """Attention Residuals (Kimi Team, arXiv 2603.15031): the residual sum replaced by softmax attention over
+    depth. Sublayer l reads h_l = sum_i a_il v_i over its sources v_i, a_il = softmax_i(w_l . RMSNorm(v_i)),
+    w_l a learned pseudo-query per sublayer (init 0: the uniform mean), and adds its output F(Norm(h_l)) as a
+    new source. Full AttnRes (`norm.blocks` null): the sources are the embedding and every earlier sublayer's
+    output. Block AttnRes (`norm.blocks=B`): the 2N sublayers form B blocks of 2N/B; the sources are the
+    embedding, each finished block's sum of outputs and the current block's partial sum.
+
+    The state H [B, T, m, d] stacks the sources: the finished ones, then the partial sum when there is one."""
+
+    optim_groups = {"query": "vectors"}
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        self.norm = make_norm(cfg)                        # the sublayer's own Pre-Norm: F(Norm(h_l))
+        self.query = nn.Parameter(torch.zeros(cfg.n_embd))
+        self.eps = cfg.norm.eps
+        self.size = sublayers_per_block(cfg)
+        self.first, self.last = j % self.size == 0, j % self.size == self.size - 1  # of its block
+        self.track, self.last_weights = False, None
+
+    def forward(self, H, f):
+        a = depth_weights(self.query, H, self.eps)        # [B, T, m]
+        h = (a.unsqueeze(-1) * H).sum(-2)
+        if self.track:
+            self.last_weights = a.detach().float().mean(dim=(0, 1))
+        v = f(self.norm(h)).unsqueeze(-2)
+        if self.first:                                    # v starts this block's partial sum
+            H = torch.cat((H, v), dim=-2)
+        else:                                             # the partial sum is the last source
+            H = torch.cat((H[..., :-1, :], H[..., -1:, :] + v), dim=-2)
+        return H
+
+    def step_sizes(self) -> Dict[str, torch.Tensor]:
+        """At stats steps: the mean weight on the embedding and on the newest source, and the weights'
+        entropy over log(sources) (1: the uniform mean)."""
+        a = self.last_weights
+        if a is None:
+            return {}
+        m = a.numel()
+        entropy = -(a * a.clamp_min(1e-12).log()).sum() / math.log(m) if m > 1 else a.new_tensor(0.0)
+        return {"depth_w_embed": a[0], "depth_w_newest": a[-1], "depth_entropy": entropy}
+
+    @staticmethod
+    def stream_view(H):
+        return H.sum(-2)   # the embedding plus every output so far: Pre-LN's h
+
+    @classmethod
+    def input_step(cls, cfg):
+        return _Expand(make_input_step(cfg), 1)
+
+    @classmethod
+    def output_step(cls, cfg):
+        return _DepthReadout(cfg)
+
+
+def sublayers_per_block(cfg) -> int:
+    """2N/B sublayers per Block AttnRes block; 1 for Full AttnRes (`norm.blocks` null)."""
+    return 1 if cfg.norm.blocks is None else 2 * cfg.n_layer // cfg.norm.blocks
+
+
+def depth_weights(query: torch.Tensor, H: torch.Tensor, eps: float) -> torch.Tensor:
+    """softmax over the m sources of w . RMSNorm(v_i), in float32 ([B, T, m]). The key norm has no gain: a gain
+    shared by the sources would only rescale w. A multiply and a sum, not a matmul, so autocast leaves it in
+    float32."""
+    keys = F.rms_norm(H.float(), (H.size(-1),), None, eps)
+    return torch.softmax((keys * query.float()).sum(-1), dim=-1).to(H.dtype)
+
+
+class _DepthReadout(nn.Module):
+    """The output step: the same attention over the final sources with its own pseudo-query, then Norm."""
+
+    optim_groups = {"query": "vectors"}
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.query = nn.Parameter(torch.zeros(cfg.n_embd))
+        self.eps = cfg.norm.eps
+        self.norm = make_norm(cfg) if cfg.norm.final_norm else nn.Identity()
+
+    def forward(self, H):
+        return self.norm((depth_weights(self.query, H, self.eps).unsqueeze(-1) * H).sum(-2))

@@ -33,7 +33,7 @@ class SkippedBlock(nn.Module):
         super().__init__()
         self.attn_rule, self.mlp_rule = block.attn_rule, block.mlp_rule
 
-    def forward(self, h, cache=None, hidden=None, rope=None, outputs=None, shared=None):
+    def forward(self, h, cache=None, hidden=None, rope=None, outputs=None, shared=None, values=None, scale=None):
         if hidden is not None:
             hidden += [h, h]
         if outputs is not None:  # two sublayers that add nothing
