@@ -234,6 +234,16 @@ class ManifoldStreamOptions(StreamOptions):
     sinkhorn_iters: PosInt = 20       # Sinkhorn-Knopp iterations of H_res (the paper's t_max)
 
 
+@variant("frac", "streams:FracConnections")
+@dataclass
+class FracOptions(NormOptions):
+    fractions: PosInt = 2             # m: the stream split into m fractions of width d/m (expansion rate 1/m)
+
+    def check_model(self, model) -> None:
+        if model.n_embd % self.fractions:
+            bad("norm.fractions", self.fractions, f"must divide model.n_embd={model.n_embd}")
+
+
 # SiameseNorm's two streams (model/variants/streams.py): the base keys only
 variant("siamese", "streams:SiameseNorm")(NormOptions)
 

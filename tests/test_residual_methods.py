@@ -624,3 +624,62 @@ def test_prores_trains_on_every_preset_and_compiles_whole(arch):
 def test_prores_resumes_exactly(tmp_path):
     a, _ = assert_resume_is_exact(tmp_path, "model.prores_steps=8", "train.max_steps=6")
     assert a["model"]["prores_step"].item() == 6                        # the count travels with the weights
+
+
+# ---- Frac-connections (frac; norm.fractions) ----
+@pytest.mark.parametrize("m", [1, 2, 4])
+def test_frac_connections_start_as_pre_ln_exactly_and_follow_their_rule(m):
+    """Gamma = A = I, beta = 1 at init: Pre-LN bitwise, for every m. Moved off: x_j = sum_i Gamma_ij H_i,
+    H_j <- sum_k A_kj H_k + beta_j o_j, o = F(Norm(x)), written out in float64."""
+    torch.manual_seed(0)
+    pre = GPT(gpt_config("pre_ln", vocab_size=V, block_size=T, n_layer=1, n_head=2, n_embd=D)).eval()
+    frac = GPT(gpt_config("frac", vocab_size=V, block_size=T, n_layer=1, n_head=2, n_embd=D, fractions=m)).eval()
+    frac.load_state_dict(pre.state_dict(), strict=False)
+    x = tokens()
+    assert torch.equal(frac(x)[0], pre(x)[0])
+    rule = frac.blocks[0].attn_rule
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(2)
+        for p in (rule.gamma, rule.alpha, rule.beta):
+            p.add_(0.3 * torch.randn(p.shape, generator=g))
+    _, _, hidden = frac(x, return_hidden=True)
+    H = hidden[0].double().unflatten(-1, (m, -1))
+    xin = torch.einsum("ij,btid->btjd", rule.gamma.double(), H).flatten(-2)
+    o = frac.blocks[0].attn(rule.norm(xin.float())).double().unflatten(-1, (m, -1))
+    ref = (torch.einsum("kj,btkd->btjd", rule.alpha.double(), H) + rule.beta.double()[:, None] * o).flatten(-2)
+    assert torch.allclose(hidden[1].double(), ref, atol=1e-5, rtol=1e-5)
+
+
+def test_frac_fractions_must_divide_the_width_and_are_frac_s_key_only():
+    from model import ConfigError
+    with pytest.raises(ConfigError, match=r"^bad config norm.fractions=3: must divide model.n_embd=32$"):
+        gpt_config("frac", n_embd=32, n_head=2, fractions=3)
+    with pytest.raises(ConfigError, match=r"norm.fractions=2: not an option of norm.name=hc"):
+        gpt_config("hc", fractions=2)
+
+
+@pytest.mark.parametrize("arch", PRESETS)
+def test_frac_trains_every_parameter_on_every_preset_generates_with_a_cache_and_compiles_whole(arch):
+    from test_arch import preset, sharp
+
+    x = tokens(2)
+    torch.manual_seed(0)
+    model = GPT(preset(arch, "frac"))
+    _, loss = model(x, x)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, name)
+    model = sharp(model)
+    for new in (T - 5, T + 4):
+        assert torch.equal(generate(model, x[:, :5], new, temperature=0, use_cache=True),
+                           generate(model, x[:, :5], new, temperature=0, use_cache=False)), arch
+    if arch == "gpt2":
+        torch._dynamo.reset()
+        _, loss = torch.compile(model.train(), backend="eager", fullgraph=True)(x, x)
+        assert torch.isfinite(loss)
+        torch._dynamo.reset()
+
+
+@pytest.mark.slow
+def test_frac_resumes_exactly(tmp_path):
+    assert_resume_is_exact(tmp_path, "norm=frac", "norm.fractions=4", "train.max_steps=6")

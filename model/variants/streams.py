@@ -1,6 +1,7 @@
 """Widened residual streams: hyper-connections and mHC (n copies, mixed by learned (doubly stochastic)
 matrices), SiameseNorm (a Post-Norm-like and a Pre-Norm-like stream updated by the same sublayers) and
-Attention Residuals (the earlier sublayers' outputs kept apart and attended over by depth)."""
+Attention Residuals (the earlier sublayers' outputs kept apart and attended over by depth); and
+Frac-connections, hyper-connections over fractions of the stream instead of copies."""
 from __future__ import annotations
 
 import math
@@ -313,3 +314,39 @@ class _DepthReadout(nn.Module):
 
     def forward(self, H):
         return self.norm((depth_weights(self.query, H, self.eps).unsqueeze(-1) * H).sum(-2))
+
+
+class FracConnections(Variant):
+    """Frac-connections (Zhu et al., arXiv 2503.14125): hyper-connections with an expansion rate 1/m, the
+    stream h split into m fractions H_1..H_m of width d/m instead of copied. Sublayer j reads x with fractions
+    x_j = sum_i Gamma_ij H_i, and writes H_j <- sum_k A_kj H_k + beta_j o_j, o = F(Norm(x)) split the same way
+    (the connection matrix [[0, beta], [Gamma, A]] of the paper). Static init Gamma = A = I, beta = 1: Pre-LN
+    exactly, for every m (tested). The dynamic form (coefficients from the stream) is left out."""
+
+    optim_groups = {"gamma": "scalars", "alpha": "scalars", "beta": "scalars"}
+
+    def __init__(self, cfg, j):
+        super().__init__(cfg, j)
+        m = self.m = cfg.norm.fractions
+        self.norm = make_norm(cfg)
+        self.gamma = nn.Parameter(torch.eye(m))   # width connection: the sublayer's input
+        self.alpha = nn.Parameter(torch.eye(m))   # depth connection: the fractions' own mixing
+        self.beta = nn.Parameter(torch.ones(m))   # the sublayer output's weight on each fraction
+
+    def forward(self, h, f):
+        H = h.unflatten(-1, (self.m, -1))                          # [B, T, m, d/m]
+        x = mix(self.gamma, H)
+        o = f(self.norm(x.flatten(-2))).unflatten(-1, (self.m, -1))
+        return (mix(self.alpha, H) + self.beta.unsqueeze(-1) * o).flatten(-2)
+
+    def step_sizes(self) -> Dict[str, torch.Tensor]:
+        """How far the connections moved from Pre-LN's: |Gamma - I| and |A - I| (Frobenius), mean beta."""
+        eye = torch.eye(self.m, device=self.gamma.device)
+        return {"frac_gamma_dev": (self.gamma.detach() - eye).norm(),
+                "frac_alpha_dev": (self.alpha.detach() - eye).norm(), "frac_beta_mean": self.beta.detach().mean()}
+
+
+def mix(c: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
+    """Y_j = sum_i c_ij H_i over the fractions ([m, m] x [.., m, d/m]), as products and a sum: autocast would
+    run a matmul in bf16, and the stream stays float32."""
+    return (c.transpose(0, 1).unsqueeze(-1) * H.unsqueeze(-3)).sum(-2)
