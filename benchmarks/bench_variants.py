@@ -15,7 +15,6 @@ allocation), parameters excluded: exact and comparable within one process.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -24,7 +23,8 @@ import torch
 import yaml
 
 from common import report_user_errors
-from model import GPT, GPTConfig, VARIANTS
+from model import GPT, VARIANTS
+from model.config import from_spec
 
 
 def saved_bytes(model, x, y) -> int:
@@ -70,7 +70,8 @@ def timed(fn):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", nargs="*", default=[*(v for v in VARIANTS if v != "pre_ln"),
-                                                      "pre_ln:kind=seednorm", "pre_ln:value_residual=true"])
+                                                      "attnres:blocks=2", "pre_ln:kind=seednorm",
+                                                      "pre_ln:value_residual=true", "pre_ln:prores_steps=100"])
     ap.add_argument("--n-layer", type=int, default=6)
     ap.add_argument("--n-embd", type=int, default=384)
     ap.add_argument("--n-head", type=int, default=6)
@@ -88,13 +89,8 @@ def main():
 
     def config(spec):
         """A row `name[:key=value,...]`: model keys (GPTConfig fields) and the variant's norm.* keys."""
-        name, _, rest = spec.partition(":")
-        extra = dict(kv.split("=", 1) for kv in rest.split(",") if kv)
-        model_keys = {f.name for f in dataclasses.fields(GPTConfig)}
-        model_kw = {k: yaml.safe_load(v) for k, v in extra.items() if k in model_keys}
-        norm_kw = {k: yaml.safe_load(v) for k, v in extra.items() if k not in model_keys}
-        return GPTConfig(vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer, n_head=args.n_head,
-                         n_embd=args.n_embd, norm={"name": name, **arch_norm, **norm_kw}, **{**arch_kw, **model_kw})
+        return from_spec(spec, arch_norm, vocab_size=args.vocab, block_size=args.seq, n_layer=args.n_layer,
+                         n_head=args.n_head, n_embd=args.n_embd, **arch_kw)
 
     def build(spec):
         torch.manual_seed(0)

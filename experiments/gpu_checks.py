@@ -15,6 +15,7 @@ import torch
 import yaml
 
 from model import GPT, VARIANTS, GPTConfig
+from model.config import from_spec
 from trainer.config import optim_config
 from trainer.monitor import peak_flops
 from trainer.optim import build_optimizer
@@ -300,8 +301,11 @@ def check_throughput(ctx, args):
     yield "throughput", "PASS" if ok else "FAIL", detail, time.time() - t0
 
 
+# family -> its variant, `name[:key=value,...]` (model.config.from_spec) for a method that is a key of another
 FAMILIES = {"classic": "pre_ln", "peri": "peri_ln", "dyt": "pre_dyt", "geodesic": "geonorm",
-            "sphere": "proj_spheret", "ngpt": "ngpt", "streams": "mhc"}
+            "sphere": "proj_spheret", "ngpt": "ngpt", "streams": "mhc", "siamese": "siamese", "depth_attn": "attnres",
+            "depth_attn_block": "attnres:blocks=4", "frac": "frac", "seednorm": "pre_ln:kind=seednorm",
+            "value_residual": "pre_ln:value_residual=true", "prores": "pre_ln:prores_steps=100"}
 
 
 def check_families(ctx, args):
@@ -319,7 +323,7 @@ def check_families(ctx, args):
             continue
         t0 = time.time()
         torch._dynamo.reset()
-        cfg = GPTConfig(vocab_size=vocab, block_size=block, n_layer=n_layer, n_head=n_head, n_embd=n_embd, norm=v)
+        cfg = from_spec(v, vocab_size=vocab, block_size=block, n_layer=n_layer, n_head=n_head, n_embd=n_embd)
         model = opt = fwd = logits = loss = None
         try:
             torch.manual_seed(0)

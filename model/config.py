@@ -163,3 +163,17 @@ def model_group_defaults() -> dict:
     group = defaults(ModelGroup)
     return {**{k: v for k, v in defaults(GPTConfig).items() if k != "norm" and k not in group}, **group}
 
+
+def from_spec(spec: str, norm: Optional[dict] = None, **fields_) -> "GPTConfig":
+    """A model from a row of a benchmark or check, `name[:key=value,...]`: the variant, then keys that are
+    GPTConfig fields (`value_residual=true`) or the variant's `norm.*` keys (`kind=seednorm`), values as YAML;
+    `norm` and `fields_` are the keys every row shares (a preset's), which the row's own override."""
+    import yaml
+
+    name, _, rest = spec.partition(":")
+    extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in rest.split(",") if kv)}
+    model_keys = {f.name for f in fields(GPTConfig)}
+    own = {k: v for k, v in extra.items() if k in model_keys}
+    return GPTConfig(**{**fields_, **own}, norm={"name": name, **(norm or {}),
+                                                 **{k: v for k, v in extra.items() if k not in model_keys}})
+
