@@ -55,8 +55,13 @@ class DataConfig:
             d["root"] = default_root()
         source = d.get("source") or DataConfig.source
         options = SOURCES.options(source) or DataConfig  # an unknown name: one line listing the valid ones
+        own = {f.name for f in fields(options)}
+        # Another source's key is dropped when null (the schema's value) or at its default: a config written
+        # before the sources took their own keys holds every key of every source at its default.
         shared = {f.name for f in fields(DataConfig)}
-        given = {k: v for k, v in d.items() if k in shared or v is not None}
+        unread = {k: defaults(c)[k] for k, c in data_keys().items() if k not in own}
+        given = {k: v for k, v in d.items()
+                 if k in shared or (v is not None and (k not in unread or v != unread[k]))}
         return own_options(options, given, "data", f"data.source={source}", data_keys(), error=DataError)
 
     def __post_init__(self) -> None:
@@ -171,6 +176,18 @@ def data_group_defaults() -> dict:
     (its default, read only when that source is chosen)."""
     shared = defaults(DataConfig)
     return {**shared, **{k: None for k in data_keys() if k not in shared}}
+
+
+def as_read(node: dict) -> dict:
+    """The `data` group as its source reads it: another source's keys left out, this source's null keys at
+    their defaults. A run dir saved when every source's keys sat in one group compares equal to today's."""
+    source = node.get("source") or DataConfig.source
+    options = SOURCES.options(source) if source in SOURCES else None
+    if options is None:
+        return dict(node)
+    own, shared, every = defaults(options), {f.name for f in fields(DataConfig)}, data_keys()
+    return {k: own[k] if v is None and k in own and k not in shared else v for k, v in node.items()
+            if k in own or k not in every}
 
 
 def content_keys() -> list[str]:

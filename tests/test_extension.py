@@ -210,6 +210,14 @@ def test_a_sources_keys_exist_only_under_that_source():
         DataConfig.from_any({"source": "hf", "path": "x/y", "files": "c/*.txt"})
     with pytest.raises(DataError, match=r"^unknown key\(s\) data.filez: valid keys are name, "):
         DataConfig.from_any({"source": "local", "files": "a", "filez": "b"})
+    # a run dir written when every source's keys sat in one flat group: each at its default, so it still loads
+    old = {"name": "pysrc", "source": "pysrc", "tokenizer": "bytes", "path": None, "subset": None, "revision": None,
+           "split": "train", "val_split": None, "text_column": "text", "streaming": False, "cache_dir": None,
+           "files": None, "val_files": None, "pile_set_name": None, "packages": ["torch"], "sha256": None,
+           "near_duplicates": 0.5, "txt_sample_by": "document", "val_fraction": 0.005}
+    assert DataConfig.from_any(old).packages == ["torch"]
+    with pytest.raises(DataError, match=r"^bad config data.split='validation': not an option of data.source=pysrc"):
+        DataConfig.from_any({**old, "split": "validation"})
 
 
 @pytest.mark.slow

@@ -425,6 +425,24 @@ def test_resume_reads_the_older_flat_spelling_of_a_nested_schedule_as_the_same_c
     assert "changed config: optim.decay_frac 0.2 -> 0.4" in caplog.text
 
 
+def test_resume_reads_a_run_saved_with_every_sources_data_keys_as_the_same_config(tmp_path):
+    """Runs saved before the sources took their own keys hold hf's and local's keys at their defaults
+    (`data.split: train`); today's composition holds them null. Same data: no change, no refusal."""
+    import copy
+    from omegaconf import OmegaConf
+
+    from common import ConfigError
+
+    now = OmegaConf.to_container(make_cfg(tmp_path), resolve=True)
+    assert now["data"]["split"] is None and now["data"]["source"] == "pydocs"
+    saved = copy.deepcopy(now)
+    saved["data"].update(split="train", text_column="text", streaming=False, txt_sample_by="document", path=None)
+    assert not resume.check_config_changes(tmp_path, now, saved, resume_force=False)
+    saved["data"]["val_fraction"] = 0.01          # a key this source reads still counts
+    with pytest.raises(ConfigError, match=r"data.val_fraction 0.01 -> 0.0"):
+        resume.check_config_changes(tmp_path, now, saved, resume_force=False)
+
+
 def test_warmup_longer_than_the_run_warns(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="nanonorm.train"):
         train(make_cfg(tmp_path, "train.max_steps=3", "optim.warmup_steps=10"))

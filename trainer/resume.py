@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Optional, Union
 
 from common import ConfigError, UserError
-from data.config import content_keys
+from data.config import as_read, content_keys
 from data.files import NotWritable, writable_dir
 from runtime.checkpoint import CheckpointError, ckpt_dir, find_latest, resolve_checkpoint
 
@@ -137,8 +137,13 @@ def check_config_changes(path: Path, now: dict, saved: dict, resume_force: bool)
 
 def _spelled(cfg: dict) -> dict:
     """The `optim` group as the command line spells it, so that a nested schedule (`schedule: {name: wsd,
-    decay_frac: 0.4}`) compares equal to the flat form that runs saved before optim=muon nested it."""
-    return {**cfg, "optim": flat_schedule(cfg["optim"])} if isinstance(cfg.get("optim"), dict) else cfg
+    decay_frac: 0.4}`) compares equal to the flat form that runs saved before optim=muon nested it; the `data`
+    group as its source reads it (data.config.as_read), so that a run saved with every source's keys does too."""
+    if isinstance(cfg.get("optim"), dict):
+        cfg = {**cfg, "optim": flat_schedule(cfg["optim"])}
+    if isinstance(cfg.get("data"), dict):
+        cfg = {**cfg, "data": as_read(cfg["data"])}
+    return cfg
 
 
 def check_compatible(path: Path, ckpt: dict, model_config: dict, tokenizer: str) -> None:
