@@ -62,6 +62,35 @@ def test_new_variant_option_is_one_field(tmp_path, scaled_pre_ln):
         train(make_cfg(tmp_path / "bad2", "norm=scaled_pre_ln", "norm.scale=x"))
 
 
+def test_new_norm_kind_is_one_factory_under_its_name(tmp_path):
+    """The architecture page's recipe for a Norm kind, in a user's module: a factory `cfg -> module` registered
+    under its name; every variant's Norms take it by `norm.kind`, no YAML, and a wrong name lists it."""
+    import torch
+
+    from model.norm_options import NORM_KINDS
+    from model.norms import RMSNorm
+
+    class HalfRMSNorm(RMSNorm):
+        def forward(self, x):
+            return 0.5 * super().forward(x)
+
+    NORM_KINDS.register("half_rms")(lambda cfg: HalfRMSNorm(cfg.n_embd, cfg.norm.eps))
+    try:
+        from model import GPT, GPTConfig
+        model = GPT(GPTConfig(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16,
+                              norm={"name": "peri_ln", "kind": "half_rms"}))
+        assert isinstance(model.blocks[0].attn_rule.norm_in, HalfRMSNorm)
+        assert isinstance(model.input_step, HalfRMSNorm)
+        assert torch.isfinite(model(torch.arange(8)[None])[0]).all()
+        r = train(make_cfg(tmp_path / "r", "norm.kind=half_rms", "train.max_steps=2"))
+        assert r["steps"] == 2
+    finally:
+        unregister(NORM_KINDS, "half_rms")
+    with pytest.raises(ConfigError, match=r"^unknown norm.kind='half_rms': valid are layernorm, rmsnorm, derf, "
+                                          r"seednorm$"):
+        train(make_cfg(tmp_path / "bad", "norm.kind=half_rms"))
+
+
 def test_a_variant_that_changes_a_sublayer_is_one_subclass_of_it(tmp_path):
     """A variant whose novelty is inside attention (here: a fixed softmax temperature) subclasses GPT-2's
     attention and names it; model/gpt.py and the trainer need no edit."""
