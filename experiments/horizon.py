@@ -94,10 +94,12 @@ def trunk_dir(root: Path, part: dict, cell: str, lr: float, mult: float, seed: i
 
 # --- reading ---------------------------------------------------------------------------------------
 
-def collect(root: Path, part: dict, published: Path | None = None) -> list:
+def collect(root: Path, part: dict, published: Path | None = None, sharing: tuple = ()) -> list:
     """One row per finished horizon of every trunk of the part: point.json + horizons.json; then, where
     `published` (the study's docs/<study>/results.jsonl) has rows of trunks with no run dir here, those rows,
-    so that a fresh checkout resumes the study from its committed results instead of training them again."""
+    so that a fresh checkout resumes the study from its committed results instead of training them again.
+    `sharing`: the other parts that write the same sweep (their trunks are this part's where a cell is in both,
+    as m16's Pre-LN is p16's); their published rows count too."""
     rows = []
     for p in sorted((root / part["sweep"]).rglob("point.json")):
         h = p.parent / "horizons.json"
@@ -121,7 +123,7 @@ def collect(root: Path, part: dict, published: Path | None = None) -> list:
         for line in published.read_text().splitlines():
             r = json.loads(line)
             key = (r["cell"], r["lr"], r["mult"], r["seed"])
-            if r.get("part") == part["name"] and key not in here:
+            if (r.get("part") == part["name"] or r.get("part") in sharing) and key not in here:
                 rows.append({**r, "trunk": f"{published}#{r['cell']}/lr{r['lr']:g}-m{r['mult']:g}/s{r['seed']}"})
     return rows
 
@@ -144,6 +146,11 @@ def _scalars(trunk: Path) -> dict:
 @functools.lru_cache(maxsize=4096)
 def _scalars_of(trunk: str, _mtime_ns: int) -> dict:
     return runlib.scalar_movement(runlib.load_run(Path(trunk)).stats)
+
+
+def sharing_parts(study, part: dict) -> tuple:
+    """The names of the other parts that write the same sweep (run-dir group) as `part`."""
+    return tuple(p["name"] for p in study.parts if p is not part and study.sweep_of(p) == study.sweep_of(part))
 
 
 def published(docs: Path, study) -> Path:
@@ -183,11 +190,12 @@ def run_part(runner, part: dict) -> None:
     branches.plan(list(steps.values()), decay, warmup)
     sel, test = list(study.seeds), list(part["test_seeds"])
     pub = published(args.docs, study)
+    sharing = sharing_parts(study, part)
     slots = children.GpuSlots(children.visible_gpus(getattr(args, "gpus", None)), 1, args.jobs,  # one GPU per trunk
                               getattr(args, "oversubscribe", False), hold_s=HOLD_S)
 
     def trunks(points, priority):
-        done = {k for k, n in _published_counts(collect(root, part, pub)).items() if n == len(steps)}
+        done = {k for k, n in _published_counts(collect(root, part, pub, sharing)).items() if n == len(steps)}
         todo = [(c, lr, m, s, role) for c, lr, m, s, role in points
                 if (c, lr, m, s) not in done and (not (trunk_dir(root, part, c, lr, m, s) / "horizons.json").is_file()
                                                   or not _complete(trunk_dir(root, part, c, lr, m, s)))]
@@ -200,7 +208,7 @@ def run_part(runner, part: dict) -> None:
                               f"stopped before its next phase (rerun to retry them); first: {failed[0]}")
 
     def run_cell(i: int, cell: str) -> None:
-        rows = lambda: [r for r in collect(root, part, pub) if r["cell"] == cell]  # noqa: E731
+        rows = lambda: [r for r in collect(root, part, pub, sharing) if r["cell"] == cell]  # noqa: E731
         lrs = study.around(centre.get(cell, (part.get("starts") or {}).get(cell, study.cells[cell]["start"])))
         trunks([(cell, lr, 1.0, s, "selection") for lr in lrs for s in sel], i)
         for _ in range(study.edge_rounds):

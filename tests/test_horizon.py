@@ -282,6 +282,27 @@ def test_a_crashed_trunk_stops_its_cell_before_it_chooses_and_the_study_ends_wit
     assert {s for c, *_, s, r in trained if c == "gpt2.mhc" and r == "test"} == {2, 3, 4}
 
 
+def test_a_part_sharing_anothers_sweep_reuses_its_trunks_even_from_published_rows_only(study_env, tmp_path):
+    """A second part on the same sweep (m16 beside p16) trains only what the first has not: the shared
+    reference cell's trunks count, from run dirs or, in a fresh checkout, from the published rows."""
+    import json
+
+    hz, study, part, runner, trained = study_env
+    second = {**part, "name": "b", "cells": ["gpt2.pre_ln"], "test_seeds": [2, 3, 4, 5]}
+    study.parts = [part, second]
+    hz.run_part(runner, part)
+    n = len(trained)
+    hz.run_part(runner, second)
+    assert trained[n:] == [("gpt2.pre_ln", 1e-2, 1.0, 5, "test")]            # only the seed the first lacks
+    rows = [r for r in hz.collect(runner.args.runs_root, part) if r["cell"] == "gpt2.pre_ln" and r["part"] == "a"]
+    pub = hz.published(runner.args.docs, study)
+    pub.parent.mkdir(parents=True, exist_ok=True)
+    pub.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "trunk"}) + "\n" for r in rows))
+    runner.args.runs_root = tmp_path / "fresh"                              # a fresh checkout: no run dirs
+    hz.run_part(runner, second)
+    assert [t[3] for t in trained[n + 1:]] == [5]                           # seeds 2-4 and the selection read back
+
+
 def test_crossings_name_the_horizons_between_which_the_mean_gap_changes_sign():
     from studies.horizon.report import crossings
 

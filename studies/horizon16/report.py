@@ -13,7 +13,7 @@ from pathlib import Path
 
 from common.stats import BPB_MARGIN, holm, paired, ratio_se
 from data.files import atomic_write, read_json
-from experiments.horizon import best_setting, collect, means, published
+from experiments.horizon import best_setting, collect, means, published, sharing_parts
 
 LN2 = math.log(2.0)
 ALPHA = 0.05
@@ -168,8 +168,8 @@ def keep_weights(rows: list, part: dict, d: Path, test: list) -> int:
     primary = float(part.get("primary_horizon", part["horizons"][-1]))
     out, n = d / "weights" / part["name"], 0
     for r in rows:
-        if r["tpp"] != primary or r["seed"] not in test or "#" in r["trunk"]:
-            continue
+        if r["tpp"] != primary or r["seed"] not in test or "#" in r["trunk"] or r.get("part", part["name"]) != part["name"]:
+            continue  # kept once, under the part that trained it
         f = out / f"{r['cell']}-lr{r['lr']:g}-m{r['mult']:g}-s{r['seed']}.pt"
         run = Path(r["trunk"]) / ("trunk" if r["steps"] == max_steps(rows, r) else f"h{r['steps']}")
         ck = find_latest(run)
@@ -208,7 +208,8 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
              "62 files of pysrc with near-duplicates left out), unless a column says nats.", ""]
     all_rows = []
     for part in [p for p in study.parts if p["kind"] == "horizon"]:
-        rows = collect(root, part, pub)
+        # a part sharing another's sweep reads that part's trunks too: its own cells only
+        rows = [r for r in collect(root, part, pub, sharing_parts(study, part)) if r["cell"] in part["cells"]]
         all_rows += rows
         if not rows:
             lines += [f"## Part {part['name']}", "", "No run has finished yet.", ""]
@@ -243,7 +244,9 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
             else:
                 lines += comparison_table(fam + abl, "Secondary: the same comparisons, unadjusted (no verdicts)")
     atomic_write(d / "tables.md", "\n".join(lines) + "\n")
-    keep = sorted(all_rows, key=lambda r: (r["part"], r["cell"], r["lr"], r["mult"], r["seed"], r["tpp"]))
+    # one row per trunk and horizon, under the part that trained it (a shared trunk is read by two parts)
+    once = {(r["part"], r["cell"], r["lr"], r["mult"], r["seed"], r["tpp"]): r for r in all_rows}
+    keep = sorted(once.values(), key=lambda r: (r["part"], r["cell"], r["lr"], r["mult"], r["seed"], r["tpp"]))
     atomic_write(d / "results.jsonl", "".join(json.dumps({k: v for k, v in r.items() if k != "trunk"}) + "\n"
                                               for r in keep))
     doc_bytes = _doc_bytes(all_rows, d) if all_rows else None
