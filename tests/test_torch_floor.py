@@ -28,7 +28,8 @@ SINCE = {
         torch.einsum torch.optim torch.optim.SGD torch.nn.functional.silu torch.nn.functional.relu
         torch.nn.functional.normalize
         torch.complex torch.polar torch.Generator torch.Tensor torch.__version__ torch._dynamo.reset torch._foreach_norm
-        torch._foreach_sub torch.addcmul torch.amp torch._dynamo.utils.counters
+        torch._foreach_sub torch.addcmul torch.amp torch._dynamo.utils.counters torch._dynamo.config
+        torch.linspace torch.softmax
         torch.atan2 torch.acos torch.count_nonzero torch.sigmoid torch.erf torch.logsumexp torch.nn.functional.one_hot
         torch.allclose torch.arange torch.are_deterministic_algorithms_enabled torch.atan torch.autocast
         torch.autograd.Function torch.autograd.function.once_differentiable torch.autograd.grad

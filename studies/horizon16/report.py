@@ -168,7 +168,9 @@ def keep_weights(rows: list, part: dict, d: Path, test: list) -> int:
     primary = float(part.get("primary_horizon", part["horizons"][-1]))
     out, n = d / "weights" / part["name"], 0
     for r in rows:
-        if r["tpp"] != primary or r["seed"] not in test or "#" in r["trunk"] or r.get("part", part["name"]) != part["name"]:
+        if r["tpp"] != primary or r["seed"] not in test or "#" in r["trunk"]:
+            continue
+        if r.get("part", part["name"]) != part["name"]:
             continue  # kept once, under the part that trained it
         f = out / f"{r['cell']}-lr{r['lr']:g}-m{r['mult']:g}-s{r['seed']}.pt"
         run = Path(r["trunk"]) / ("trunk" if r["steps"] == max_steps(rows, r) else f"h{r['steps']}")
