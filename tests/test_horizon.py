@@ -8,6 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from data.files import atomic_write
+
 
 def fake_loss(cell, lr, mult, seed, steps):
     """A loss with a known optimum: lr 1e-2 for pre_ln, 3e-3 for mhc (whose scalars want lr_mult 10), a
@@ -45,7 +47,7 @@ def study_env(tmp_path, monkeypatch):
                 active.discard(dev)
         rows = {h: {"steps": h, "tokens": h * 1024, "final_val_loss": fake_loss(point["cell"], lr, mult, seed, h),
                     "diverged": False, "train_s": 1.0} for h in horizons}
-        (out / "horizons.json").write_text(json.dumps({"horizons": rows}))
+        atomic_write(out / "horizons.json", json.dumps({"horizons": rows}))  # as branches.run: readers run meanwhile
 
     monkeypatch.setattr(hz.branches, "run", fake_run)
     monkeypatch.setattr(hz, "reference_setting", lambda *a: (102_400, 1024, 50))
@@ -104,7 +106,7 @@ def _with_loss(run, loss):
         rows = json.loads(f.read_text())
         for h, r in rows["horizons"].items():
             r["final_val_loss"] = loss(point["cell"], point["lr"], point["mult"], point["seed"], int(h))
-        f.write_text(json.dumps(rows))
+        atomic_write(f, json.dumps(rows))  # another cell's thread may read it meanwhile
     return wrapped
 
 
@@ -331,7 +333,7 @@ def test_a_part_run_on_cells_of_another_reports_whether_each_gap_holds(study_env
         if o["norm"] == "mhc":
             for r in rows["horizons"].values():
                 r["final_val_loss"] += -0.05 + 0.001 * int(o["train.seed"]) ** 2
-        (out / "horizons.json").write_text(json.dumps(rows))
+        atomic_write(out / "horizons.json", json.dumps(rows))
 
     monkeypatch.setattr(hz.branches, "run", wider)
     hz.run_part(runner, wide)

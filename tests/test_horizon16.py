@@ -7,6 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from data.files import atomic_write
+
 DOCS = [300, 500, 200]          # bytes per validation document
 
 
@@ -44,12 +46,12 @@ def env(tmp_path, monkeypatch):
             nats = fake(point["cell"], float(o["optim.lr"]), float(o[hz.MULT_KEY]), int(o["train.seed"]), h)
             run_dir = out / f"h{h}"
             run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "final_eval.json").write_text(json.dumps({"docs": {"nats": nats, "bytes": DOCS}}))
+            atomic_write(run_dir / "final_eval.json", json.dumps({"docs": {"nats": nats, "bytes": DOCS}}))
             loss = sum(nats) / sum(DOCS)
             rows[h] = {"steps": h, "tokens": h * 1024, "final_val_loss": loss, "final_val_bpb": loss / math.log(2),
                        "diverged": False, "train_s": 1.0, "run_dir": str(run_dir), "spikes_loss": 0,
                        "max_grad_norm": 1.5}
-        (out / "horizons.json").write_text(json.dumps({"horizons": rows}))
+        atomic_write(out / "horizons.json", json.dumps({"horizons": rows}))  # as branches.run: readers run meanwhile
 
     monkeypatch.setattr(hz.branches, "run", fake_run)
     monkeypatch.setattr(hz, "reference_setting", lambda *a: (1024, 1024, 1))
