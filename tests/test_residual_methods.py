@@ -304,6 +304,39 @@ def test_the_widened_streams_matmul_mixing_equals_the_broadcast_form(norm, kw, m
 PRESETS = ("gpt2", "llama", "speedrun", "neox")
 
 
+def _on_preset(arch, norm=None, **model_kw):
+    """A GPT on an arch preset (tiny shape), seeded: `norm` the variant's keys (the preset's Norm kind kept),
+    `model_kw` GPTConfig fields."""
+    from test_arch import preset
+
+    base = preset(arch).to_dict()
+    if norm is not None:
+        base["norm"] = {"kind": base["norm"]["kind"], **norm}
+    torch.manual_seed(0)
+    return GPT(type(preset(arch)).from_dict({**base, **model_kw}))
+
+
+def _trains_generates_and_compiles(model, arch, label, compile_whole=True):
+    """Every parameter gets a finite gradient, cached generation equals uncached (weights larger than the init,
+    so the context matters), and on gpt2 the model compiles as one graph (fullgraph fails on any break)."""
+    from test_arch import sharp
+
+    x = tokens(2)
+    _, loss = model(x, x)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, label, name)
+    model = sharp(model)
+    for new in (T - 5, T + 4):
+        assert torch.equal(generate(model, x[:, :5], new, temperature=0, use_cache=True),
+                           generate(model, x[:, :5], new, temperature=0, use_cache=False)), (arch, label)
+    if compile_whole and arch == "gpt2":
+        torch._dynamo.reset()
+        _, loss = torch.compile(model.train(), backend="eager", fullgraph=True)(x, x)
+        assert torch.isfinite(loss)
+        torch._dynamo.reset()
+
+
 def _seednorm_reference(norm, x):
     """[tanh(x beta^T) alpha + gamma] * x / sqrt(mean(x^2) + eps), in float64."""
     x, beta, alpha, gamma = (t.double() for t in (x, norm.beta, norm.alpha, norm.weight))
@@ -375,22 +408,9 @@ def test_value_residual_leaves_layer_one_and_mixes_its_values_into_every_later_l
 
 @pytest.mark.parametrize("arch", PRESETS)
 def test_seednorm_and_value_residual_train_every_parameter_on_every_preset_and_generate_with_a_cache(arch):
-    from test_arch import preset, sharp
-
-    x = tokens(2)
-    for kw in ({"norm": {"name": "pre_ln", "kind": "seednorm"}}, {"value_residual": True}):
-        cfg = preset(arch).to_dict()
-        torch.manual_seed(0)
-        model = GPT(type(preset(arch)).from_dict({**cfg, **kw}))
-        _, loss = model(x, x)
-        loss.backward()
-        for name, p in model.named_parameters():
-            assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, kw, name)
-        model = sharp(model)
-        prompt = x[:, :5]
-        for new in (T - 5, T + 4):
-            assert torch.equal(generate(model, prompt, new, temperature=0, use_cache=True),
-                               generate(model, prompt, new, temperature=0, use_cache=False)), (arch, kw)
+    _trains_generates_and_compiles(_on_preset(arch, {"name": "pre_ln", "kind": "seednorm"}), arch, "seednorm",
+                                   compile_whole=False)   # compiled below
+    _trains_generates_and_compiles(_on_preset(arch, value_residual=True), arch, "value_residual", compile_whole=False)
 
 
 def test_seednorm_and_value_residual_compile_with_no_graph_break():
@@ -452,24 +472,7 @@ def test_siamese_logs_its_streams_and_counts_its_norms():
 
 @pytest.mark.parametrize("arch", PRESETS)
 def test_siamese_trains_every_parameter_on_every_preset_generates_with_a_cache_and_compiles_whole(arch):
-    from test_arch import preset, sharp
-
-    x = tokens(2)
-    torch.manual_seed(0)
-    model = GPT(preset(arch, "siamese"))
-    _, loss = model(x, x)
-    loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, name)
-    model = sharp(model)
-    for new in (T - 5, T + 4):
-        assert torch.equal(generate(model, x[:, :5], new, temperature=0, use_cache=True),
-                           generate(model, x[:, :5], new, temperature=0, use_cache=False)), arch
-    if arch == "gpt2":
-        torch._dynamo.reset()
-        _, loss = torch.compile(model.train(), backend="eager", fullgraph=True)(x, x)
-        assert torch.isfinite(loss)
-        torch._dynamo.reset()
+    _trains_generates_and_compiles(_on_preset(arch, {"name": "siamese"}), arch, "siamese")
 
 
 @pytest.mark.slow
@@ -542,26 +545,7 @@ def test_attnres_blocks_must_divide_the_sublayers():
 @pytest.mark.parametrize("arch", PRESETS)
 @pytest.mark.parametrize("blocks", [None, 2])
 def test_attnres_trains_every_parameter_on_every_preset_generates_with_a_cache_and_compiles_whole(arch, blocks):
-    from test_arch import preset, sharp
-
-    x = tokens(2)
-    torch.manual_seed(0)
-    base = preset(arch).to_dict()
-    model = GPT(type(preset(arch)).from_dict({**base, "norm": {"name": "attnres", "kind": base["norm"]["kind"],
-                                                                 "blocks": blocks}}))
-    _, loss = model(x, x)
-    loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, name)
-    model = sharp(model)
-    for new in (T - 5, T + 4):
-        assert torch.equal(generate(model, x[:, :5], new, temperature=0, use_cache=True),
-                           generate(model, x[:, :5], new, temperature=0, use_cache=False)), arch
-    if arch == "gpt2":
-        torch._dynamo.reset()
-        _, loss = torch.compile(model.train(), backend="eager", fullgraph=True)(x, x)
-        assert torch.isfinite(loss)
-        torch._dynamo.reset()
+    _trains_generates_and_compiles(_on_preset(arch, {"name": "attnres", "blocks": blocks}), arch, blocks)
 
 
 @pytest.mark.slow
@@ -603,11 +587,8 @@ def test_prores_at_scale_one_is_its_base_variant_and_at_zero_skips_every_branch(
 
 @pytest.mark.parametrize("arch", PRESETS)
 def test_prores_trains_on_every_preset_and_compiles_whole(arch):
-    from test_arch import preset
-
     x = tokens(2)
-    torch.manual_seed(0)
-    model = GPT(type(preset(arch)).from_dict({**preset(arch).to_dict(), "prores_steps": 4}))
+    model = _on_preset(arch, prores_steps=4)
     for _ in range(2):
         model.after_optimizer_step(torch.tensor(True))
     _, loss = model(x, x)
@@ -660,24 +641,7 @@ def test_frac_fractions_must_divide_the_width_and_are_frac_s_key_only():
 
 @pytest.mark.parametrize("arch", PRESETS)
 def test_frac_trains_every_parameter_on_every_preset_generates_with_a_cache_and_compiles_whole(arch):
-    from test_arch import preset, sharp
-
-    x = tokens(2)
-    torch.manual_seed(0)
-    model = GPT(preset(arch, "frac"))
-    _, loss = model(x, x)
-    loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), (arch, name)
-    model = sharp(model)
-    for new in (T - 5, T + 4):
-        assert torch.equal(generate(model, x[:, :5], new, temperature=0, use_cache=True),
-                           generate(model, x[:, :5], new, temperature=0, use_cache=False)), arch
-    if arch == "gpt2":
-        torch._dynamo.reset()
-        _, loss = torch.compile(model.train(), backend="eager", fullgraph=True)(x, x)
-        assert torch.isfinite(loss)
-        torch._dynamo.reset()
+    _trains_generates_and_compiles(_on_preset(arch, {"name": "frac"}), arch, "frac")
 
 
 @pytest.mark.slow
