@@ -1,6 +1,6 @@
 """Sinkhorn-Knopp projection onto the doubly stochastic matrices (mHC's H_res), in the log domain.
 
-On CPU it is one opaque op with its backward in closed form: traced, the `iters` row and column steps
+Compiled on CPU it is one opaque op with its backward in closed form: traced, the `iters` row and column steps
 unroll into ~80 reductions forward and ~40 backward, each a kernel inductor must generate and compile
 (at 2 layers x d=64 mHC's compile took 115 s against 65 s with one iteration). On CUDA the loop stays in
 the graph, where its kernels are fused and compiled in parallel, and an opaque op would launch ~500 tiny
@@ -72,4 +72,6 @@ _sinkhorn_op.register_autograd(_backward, setup_context=_setup)
 def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
     """exp(logits) projected towards the doubly stochastic matrices over the last two dims, in float32."""
     z = logits.float()
-    return _sinkhorn_op(z, iters) if z.device.type == "cpu" else sinkhorn_reference(z, iters)
+    if z.device.type == "cpu" and torch.compiler.is_compiling():
+        return _sinkhorn_op(z, iters)
+    return sinkhorn_reference(z, iters)   # eager: the same loop (the op would import torch._dynamo: seconds)

@@ -276,7 +276,7 @@ def test_mhc_dynamic_form_is_computed_per_sublayer():
 
 
 def test_sinkhorn_op_backward_in_closed_form_equals_autograd_through_the_loop():
-    """On CPU H_res comes from one opaque op (a traced loop is ~120 kernels to compile) whose backward is
+    """Compiled on CPU, H_res comes from one opaque op (a traced loop is ~120 kernels to compile) whose backward is
     written out: equal to autograd through the loop in float64, and registered correctly (opcheck: schema,
     fake tensor, autograd)."""
     from model.sinkhorn import _sinkhorn_op, sinkhorn_reference
