@@ -4,6 +4,8 @@
     python benchmarks/bench_variants.py --compile       # also torch.compile'd, with each first call's time
     python benchmarks/bench_variants.py --variants geonorm proj_spheret --repeats 15
     python benchmarks/bench_variants.py --arch llama --variants pre_ln ngpt   # on a preset (configs/arch/)
+    python benchmarks/bench_variants.py --compile --threads 1 --n-layer 4 --n-embd 64 --n-head 2 --batch 4 \
+        --variants geonorm hc          # the horizon studies' shape: compiled against eager, per variant
     python benchmarks/bench_variants.py --variants pre_ln:attn_gate=headwise hc:dynamic=true   # name:key=value,...
 
 Time: median of forward+backward over interleaved repeats (variant, pre_ln, pre_ln, variant, ...)
@@ -81,11 +83,14 @@ def main():
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's); a study runs 1")
     ap.add_argument("--arch", default="gpt2", help="architecture preset, a file of configs/arch/ (default gpt2)")
     args = ap.parse_args()
     if args.repeats < 1 or args.warmup < 0:
         raise SystemExit(f"--repeats={args.repeats}, --warmup={args.warmup}: need repeats >= 1, warmup >= 0")
     arch_kw, arch_norm = arch_preset(args.arch)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
 
     def config(spec):
         """A row `name[:key=value,...]`: model keys (GPTConfig fields) and the variant's norm.* keys."""
@@ -113,8 +118,9 @@ def main():
         f"vocab {args.vocab}, "
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.repeats} interleaved repeats"
     )
-    print("| variant | mode | time ratio | ms/step | pre_ln ms | saved MiB | memory ratio | first call s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| variant | mode | time ratio | ms/step | pre_ln ms | saved MiB | memory ratio | first call s "
+          "| compiled / eager |")
+    print("|---|---|---|---|---|---|---|---|---|")
     base = build("pre_ln")
     base_mem = saved_bytes(base, x, y)
     ref_first = None
@@ -127,20 +133,30 @@ def main():
             mem = saved_bytes(model, x, y)
             run = torch.compile(model) if mode == "compiled" else model
             first_call = timed(lambda: step(run, x, y)) if mode == "compiled" else None   # compile time, mostly
+            # compiled rows also time the same variant eager, interleaved: what compiling buys that variant
+            timings = [(run, []), (ref, [])] + ([(model, [])] if mode == "compiled" else [])
             for _ in range(args.warmup):
-                step(run, x, y)
-                step(ref, x, y)
-            ts, tb = [], []
-            for i in range(args.repeats):  # ABBA order: neither model always runs right after the other
-                first, second = ((run, ts), (ref, tb)) if i % 2 == 0 else ((ref, tb), (run, ts))
-                for m, out in (first, second):
+                for m, _out in timings:
+                    step(m, x, y)
+            for i in range(args.repeats):  # rotating order: no model always runs right after another
+                for m, out in timings[i % len(timings):] + timings[:i % len(timings)]:
                     out.append(timed(lambda: step(m, x, y)))
+            ts, tb = timings[0][1], timings[1][1]
             ratio = statistics.median(a / b for a, b in zip(ts, tb))
+            vs_eager = (f"{statistics.median(a / b for a, b in zip(ts, timings[2][1])):.3f}"
+                        if mode == "compiled" else "—")
             print(f"| {name} | {mode} | {ratio:.3f} | {1e3 * statistics.median(ts):.1f} | "
                   f"{1e3 * statistics.median(tb):.1f} | {mem / 2**20:.1f} | {mem / base_mem:.3f} | "
-                  f"{'—' if first_call is None else f'{first_call:.1f}'} |", flush=True)
+                  f"{'—' if first_call is None else f'{first_call:.1f}'} | {vs_eager} |", flush=True)
+        if mode == "compiled":  # pre_ln's own compiled / eager, interleaved the same way
+            tc, te = [], []
+            for i in range(args.repeats):
+                for m, out in ((ref, tc), (base, te))[::1 if i % 2 == 0 else -1]:
+                    out.append(timed(lambda: step(m, x, y)))
+            ref_vs_eager = statistics.median(a / b for a, b in zip(tc, te))
     print(f"pre_ln saved for backward: {base_mem / 2**20:.1f} MiB"
-          + ("" if ref_first is None else f"; pre_ln's first compiled call {ref_first:.1f} s"))
+          + ("" if ref_first is None else f"; pre_ln's first compiled call {ref_first:.1f} s, its compiled step "
+             f"{ref_vs_eager:.3f} of its eager step"))
 
 
 if __name__ == "__main__":

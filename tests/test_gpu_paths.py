@@ -385,3 +385,13 @@ def test_mfu_is_recorded_in_both_conventions():
     r = train_record(10, 1000, h, elapsed=2.0, timed=4, world=1, flops_per_token=(full, causal), peak=1e9,
                      spike_counts={})
     assert r["mfu"] == pytest.approx(full * 2000 / 1e9) and r["mfu_causal"] == pytest.approx(causal * 2000 / 1e9)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("pydocs")
+def test_a_compiled_cpu_run_resumes_exactly(tmp_path):
+    """train.compile=true on CPU, which a study may set: stop and resume gives the straight run's losses and
+    weights bitwise, for GeoNorm, whose compiled sphere step is the traced expression, not the eager op."""
+    from helpers import assert_resume_is_exact
+
+    assert_resume_is_exact(tmp_path, "norm=geonorm", "train.compile=true", "model.n_layer=1", "train.max_steps=6")
