@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 
 from ..norms import make_input_step, make_norm
-from ..sinkhorn import sinkhorn
 
 from .base import Variant
 
@@ -36,19 +35,14 @@ class _WideStream(Variant):
 
     def forward(self, H, f, shared=None):
         pre, mix, post = self.weights(H) if shared is None else self.weights(H, shared)
-        if torch.compiler.is_compiling():
-            # One broadcast product each: inductor fuses it with its sum (no [.., n, n, d] tensor is made), in
-            # float32 under autocast too, and the graph stays small: a contraction lowers to bmm with its views
-            # and permutes, and mHC's graph had 2.5x Pre-LN's nodes to compile instead of 2.0x.
+        if torch.is_autocast_enabled(H.device.type):
+            # Broadcast products and sums: autocast would run a matmul in bf16 (its backward too, under
+            # torch.compile, which fuses these n products of [B, T, n, d] into one kernel) and the stream
+            # would leave float32.
             x = (pre.unsqueeze(-1) * H).sum(-2)
-            mixed = (mix.unsqueeze(-1) * H.unsqueeze(-3)).sum(-2)   # H'_m = sum_k mix_mk H_k
-        elif torch.is_autocast_enabled(H.device.type):
-            # Eager under autocast: a matmul would run in bf16 and the stream would leave float32; n products
-            # of the stream's size, not one of n times its size.
-            x = (pre.unsqueeze(-1) * H).sum(-2)
-            mixed = sum(mix[..., :, k, None] * H[..., k, None, :] for k in range(self.n))
+            mixed = sum(mix[..., :, k, None] * H[..., k, None, :] for k in range(self.n))   # H'_m = sum_k mix_mk H_k
         else:
-            # Eager, no autocast: one contraction each (einsum: a third of the eager time of n broadcast passes
+            # No autocast: one contraction each (einsum: a third of the eager time of n broadcast passes
             # over the stream, and less than matmul's, which broadcasts the mixing matrix over the tokens)
             x = torch.einsum("...k,...kd->...d", pre, H)
             mixed = torch.einsum("...mk,...kd->...md", mix, H)
@@ -126,6 +120,16 @@ def mixing_stats(res: torch.Tensor) -> Dict[str, torch.Tensor]:
     n = res.shape[-1]
     eye = torch.eye(n, dtype=res.dtype, device=res.device)
     return {"offdiag_mass": (res.abs() * (1 - eye)).sum() / n, "res_dist_identity": (res - eye).square().sum().sqrt()}
+
+
+def sinkhorn(logits: torch.Tensor, iters: int) -> torch.Tensor:
+    """exp(logits) projected towards the doubly stochastic matrices (Sinkhorn-Knopp), in the log domain:
+    rows, then columns normalised `iters` times; the last step makes the columns sum to 1 exactly."""
+    z = logits.float()
+    for _ in range(iters):
+        z = z - torch.logsumexp(z, dim=-1, keepdim=True)
+        z = z - torch.logsumexp(z, dim=-2, keepdim=True)
+    return z.exp()
 
 
 class ManifoldHyperConnections(_WideStream):
