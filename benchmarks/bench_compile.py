@@ -22,9 +22,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def one(args) -> dict:
@@ -74,8 +71,7 @@ def spawn(spec: str, args) -> dict:
            "--vocab", str(args.vocab), "--threads", str(args.threads)] + (["--autocast"] if args.autocast else [])
     with tempfile.TemporaryDirectory() as cache:
         env = {**os.environ, "TORCHINDUCTOR_FORCE_DISABLE_CACHES": "1", "TORCHINDUCTOR_CACHE_DIR": cache,
-               "TORCHINDUCTOR_COMPILE_THREADS": "1",
-               "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+               "TORCHINDUCTOR_COMPILE_THREADS": "1"}
         out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
