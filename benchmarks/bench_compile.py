@@ -23,6 +23,8 @@ import sys
 import tempfile
 import time
 
+from common import report_user_errors
+
 
 def one(args) -> dict:
     """In this (fresh) process: pay the start-up on a one-layer pre_ln, then time the variant's compile."""
@@ -125,4 +127,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    report_user_errors(main)  # a bad variant or option: one line

@@ -69,6 +69,17 @@ def timed(fn):
     return time.perf_counter() - t0
 
 
+def interleaved(models, x, y, repeats: int):
+    """Step times of each model over `repeats` rounds in rotating order (a shared machine's speed drifts, and
+    no model always runs right after another): one list per model."""
+    out = [[] for _ in models]
+    for i in range(repeats):
+        k = i % len(models)
+        for j in list(range(k, len(models))) + list(range(k)):
+            out[j].append(timed(lambda: step(models[j], x, y)))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", nargs="*", default=[*(v for v in VARIANTS if v != "pre_ln"),
@@ -134,25 +145,18 @@ def main():
             run = torch.compile(model) if mode == "compiled" else model
             first_call = timed(lambda: step(run, x, y)) if mode == "compiled" else None   # compile time, mostly
             # compiled rows also time the same variant eager, interleaved: what compiling buys that variant
-            timings = [(run, []), (ref, [])] + ([(model, [])] if mode == "compiled" else [])
+            models = [run, ref] + ([model] if mode == "compiled" else [])
             for _ in range(args.warmup):
-                for m, _out in timings:
+                for m in models:
                     step(m, x, y)
-            for i in range(args.repeats):  # rotating order: no model always runs right after another
-                for m, out in timings[i % len(timings):] + timings[:i % len(timings)]:
-                    out.append(timed(lambda: step(m, x, y)))
-            ts, tb = timings[0][1], timings[1][1]
+            ts, tb, *te = interleaved(models, x, y, args.repeats)
             ratio = statistics.median(a / b for a, b in zip(ts, tb))
-            vs_eager = (f"{statistics.median(a / b for a, b in zip(ts, timings[2][1])):.3f}"
-                        if mode == "compiled" else "—")
+            vs_eager = f"{statistics.median(a / b for a, b in zip(ts, te[0])):.3f}" if te else "—"
             print(f"| {name} | {mode} | {ratio:.3f} | {1e3 * statistics.median(ts):.1f} | "
                   f"{1e3 * statistics.median(tb):.1f} | {mem / 2**20:.1f} | {mem / base_mem:.3f} | "
                   f"{'—' if first_call is None else f'{first_call:.1f}'} | {vs_eager} |", flush=True)
         if mode == "compiled":  # pre_ln's own compiled / eager, interleaved the same way
-            tc, te = [], []
-            for i in range(args.repeats):
-                for m, out in ((ref, tc), (base, te))[::1 if i % 2 == 0 else -1]:
-                    out.append(timed(lambda: step(m, x, y)))
+            tc, te = interleaved([ref, base], x, y, args.repeats)
             ref_vs_eager = statistics.median(a / b for a, b in zip(tc, te))
     print(f"pre_ln saved for backward: {base_mem / 2**20:.1f} MiB"
           + ("" if ref_first is None else f"; pre_ln's first compiled call {ref_first:.1f} s, its compiled step "
