@@ -6,9 +6,12 @@ tokens per parameter of the part's reference cell (the same step counts for ever
 that runs of one seed share their data order). Per cell, in order, `--jobs` runs at a time (a slot that one
 cell leaves idle while it waits for its last trunk goes to the next cell's trunks):
   selection  every lr of the grid around the cell's start (`tune.width` on each side) on the study's
-             `seeds`; one more ladder point where a horizon's best is at the edge (`tune.edge_rounds`);
+             `seeds`; one more ladder point where a horizon's best is at the edge, at most
+             `tune.edge_rounds` beyond the grid on each side (counted per cell from what it has tried, so
+             that a study resumed mid-cell brackets it as an unbroken one would);
   scalars    cells with `scalar_lr_mults`: optim.groups.scalars.lr_mult at each of them, at every best lr;
-             one more multiplier step up where a horizon's best is at the largest tried (`tune.edge_rounds`);
+             one more multiplier step up where a horizon's best is at the largest tried (at most
+             `tune.edge_rounds` beyond the declared ones);
              then the lr bracketed at a chosen multiplier above 1 as at x 1 (its ladder neighbours there);
   test       at each horizon's best setting (lowest mean over the selection seeds), the part's
              `test_seeds`, fresh: the reported numbers are not those the choice was made on. A part with a
@@ -170,6 +173,13 @@ def means(rows: list, cell: str, tpp: float, seeds) -> dict:
     return {k: statistics.fmean(v.values()) for k, v in by.items() if set(v) == seeds}
 
 
+def _room(tried, start, up: bool, rounds: int) -> bool:
+    """Whether a cell may add one more point beyond `start` (its starting values) on one side: fewer than
+    `rounds` of the values it has tried lie beyond them there."""
+    beyond = [v for v in tried if (v > max(start) if up else v < min(start))]
+    return len(beyond) < rounds
+
+
 def best_setting(rows: list, cell: str, tpp: float, seeds) -> tuple | None:
     m = means(rows, cell, tpp, seeds)
     return min(m, key=m.get) if m else None
@@ -211,14 +221,17 @@ def run_part(runner, part: dict) -> None:
         rows = lambda: [r for r in collect(root, part, pub, sharing) if r["cell"] == cell]  # noqa: E731
         lrs = study.around(centre.get(cell, (part.get("starts") or {}).get(cell, study.cells[cell]["start"])))
         trunks([(cell, lr, 1.0, s, "selection") for lr in lrs for s in sel], i)
-        for _ in range(study.edge_rounds):
+        # Edge points are counted per cell from what it has tried (at most `edge_rounds` beyond its starting
+        # grid on each side), so a study stopped and resumed mid-cell brackets it exactly as one unbroken run.
+        while True:
             more, rs = set(), rows()
             tried = sorted({r["lr"] for r in rs if r["mult"] == 1.0})
             for t in part["horizons"]:
                 b = best_setting(rs, cell, float(t), sel)
                 if b and b[0] in (tried[0], tried[-1]) and len(tried) > 1:
-                    nxt = study.beyond(b[0], up=b[0] == tried[-1])
-                    if nxt is not None and nxt not in tried:
+                    up = b[0] == tried[-1]
+                    nxt = study.beyond(b[0], up=up)
+                    if nxt is not None and nxt not in tried and _room(tried, lrs, up, study.edge_rounds):
                         more.add(nxt)
             if not more:
                 break
@@ -226,25 +239,29 @@ def run_part(runner, part: dict) -> None:
         mults = sorted(float(m) for m in study.cells[cell].get("scalar_lr_mults", []))
         if mults:
             rs = rows()
-            best_lrs = {best_setting(rs, cell, float(t), sel)[0] for t in part["horizons"]}
+            # the lrs the scalar axis is tried at: each horizon's best at x 1 (from the x 1 runs alone, so a
+            # multiplier's runs never move them)
+            x1 = [r for r in rs if r["mult"] == 1.0]
+            best_lrs = {best_setting(x1, cell, float(t), sel)[0] for t in part["horizons"]}
             trunks([(cell, lr, m, s, "selection") for lr in sorted(best_lrs) for m in mults if m != 1.0
                     for s in sel], i)
             # The multiplier is bracketed too: a best at the largest multiplier tried at its lr gets one more
             # step up (the ladder's last ratio), so a method whose scalars want to move faster is not capped.
             ratio = mults[-1] / mults[-2] if len(mults) > 1 else 10.0
-            for _ in range(study.edge_rounds):
+            while True:
                 rs = rows()
                 more = set()
                 for t in part["horizons"]:
                     lr, m = best_setting(rs, cell, float(t), sel)
-                    if m > 1.0 and m == max(r["mult"] for r in rs if r["lr"] == lr):
+                    at_lr = sorted({r["mult"] for r in rs if r["lr"] == lr})
+                    if m > 1.0 and m == at_lr[-1] and _room(at_lr, mults, True, study.edge_rounds):
                         more.add((lr, m * ratio))
                 if not more:
                     break
                 trunks([(cell, lr, m, s, "selection") for lr, m in sorted(more) for s in sel], i)
             # ... and the lr at a chosen multiplier above 1, like the lr at x 1: where it is the only lr tried
             # there or at the edge of those, its ladder neighbours at that multiplier
-            for _ in range(study.edge_rounds):
+            while True:
                 rs = rows()
                 more = set()
                 for t in part["horizons"]:
@@ -255,7 +272,8 @@ def run_part(runner, part: dict) -> None:
                     for up in (False, True):
                         if lr == (tried[-1] if up else tried[0]):
                             nxt = study.beyond(lr, up=up)
-                            if nxt is not None and nxt not in tried:
+                            room = _room(tried, best_lrs, up, study.edge_rounds)
+                            if nxt is not None and nxt not in tried and room:
                                 more.add((nxt, m))
                 if not more:
                     break

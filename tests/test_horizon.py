@@ -98,6 +98,23 @@ def test_a_best_at_the_largest_scalar_lr_mult_gets_more_steps_up_until_bracketed
     assert {m for c, lr, m, s, role in trained if c == "gpt2.pre_ln"} == {1.0, 10.0}
 
 
+def test_edge_points_are_counted_per_cell_so_a_resumed_study_adds_none(study_env, monkeypatch):
+    hz, study, part, runner, trained = study_env
+    # pre_ln's loss falls with the lr without end: its grid (1e-3, 3e-3, 1e-2) gets edge_rounds (2) points
+    # above it, 3e-2 and 1e-1, and then stops at the edge (with room on the ladder); a second invocation adds
+    # nothing more
+    monkeypatch.setattr(hz.branches, "run", _with_loss(hz.branches.run, lambda c, lr, m, s, h: fake_loss(
+        c, lr, m, s, h) - (math.log10(lr) if c.endswith("pre_ln") else 0.0)))
+    monkeypatch.setattr(study.tune, "ladder", [*study.tune.ladder, 0.3, 1.0])  # room above 1e-1
+    assert study.edge_rounds == 2
+    hz.run_part(runner, part)
+    lrs = lambda: sorted({lr for c, lr, m, s, role in trained if c == "gpt2.pre_ln" and role == "selection"})  # noqa: E731
+    assert lrs() == [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+    n = len(trained)
+    hz.run_part(runner, part)
+    assert len(trained) == n and lrs() == [1e-3, 3e-3, 1e-2, 3e-2, 1e-1]
+
+
 def _with_loss(run, loss):
     """`run` (the fixture's fake trunk) with its final losses replaced by loss(cell, lr, mult, seed, steps)."""
     def wrapped(out, horizons, *a, **kw):
