@@ -5,7 +5,8 @@ ladder of values (`tune`), named cells (overrides and the start of their grid), 
 Part kinds, each a resumable sweep (scripts/sweep.py) under <runs-root>/<sweep>/:
   grid    each cell at the ladder points around its start (`tune.width` on each side), every seed;
   edge    (`of`: a part) where a cell's best value is the largest or smallest tried, one more ladder point
-          beyond it, every seed; repeated up to `tune.edge_rounds` times until the best is inside;
+          beyond it, every seed; repeated until the best is inside, at most `tune.edge_rounds` points beyond
+          the cell's grid on a side (counted from its runs, so resuming never adds more);
   rerun   (`of`) the cells of `pick` at their best value in `of`, with `seeds` and `overrides` of its own
           (a chaos control: train.threads=2; more seeds at the best);
   shapes  (`of`) the cells of `pick` at other model shapes (`shapes`: factors of the base model), shape
@@ -62,7 +63,7 @@ class Tune:
     ladder: list = field(default_factory=list)   # the values, in order; a cell's grid is around its start
     factor: Optional[Positive] = None              # instead of a ladder: a cell's values are start x factor^k
     width: PosInt = 1                              # ladder points on each side of the start
-    edge_rounds: NonNegInt = 2                     # points added beyond a best at the edge, at most this often
+    edge_rounds: NonNegInt = 2                     # points beyond a cell's grid on a side, at most this many
 
     def __post_init__(self) -> None:
         check(self, "tune", ConfigError)
@@ -232,14 +233,19 @@ class Study:
 
     def edge_points(self, runs: list, cells: dict) -> dict:
         """One more ladder point beyond each cell's best (cells: label -> overrides) where the best is the
-        largest or smallest value tried."""
+        largest or smallest value tried, while fewer than `edge_rounds` of the values it tried lie beyond its
+        starting grid on that side: counted from the runs, so a study resumed mid-bracket adds no more than
+        an unbroken one."""
         out = {}
         for cell, b in self.best(runs).items():
             if not runlib.at_edge(b) or cell not in cells:
                 continue
-            best = float(b["value"])
-            nxt = self.beyond(best, up=best == max(float(v) for v in b["by_value"]))
-            if nxt is not None:
+            best, tried = float(b["value"]), [float(v) for v in b["by_value"]]
+            up = best == max(tried)
+            start = self.around(self.cells[cell]["start"]) if cell in self.cells else tried
+            beyond = [v for v in tried if (v > max(start) if up else v < min(start))]
+            nxt = self.beyond(best, up=up)
+            if nxt is not None and len(beyond) < self.edge_rounds:
                 lbl, ovr = self.point(cell, nxt, cells[cell])
                 out[lbl] = ovr
         return out
@@ -365,7 +371,7 @@ class Runner:
         self.sweep(sweep, dict(s.point(c, v, o) for c, (o, centre) in cells.items() for v in s.around(centre)), seeds)
 
     def bracket(self, sweep: str, cells: dict, seeds: list) -> None:
-        for _ in range(self.study.edge_rounds):
+        while True:  # edge_points stops a cell after `edge_rounds` points beyond its grid on a side
             pts = self.study.edge_points(self.finished(sweep), cells)
             if not pts:
                 break

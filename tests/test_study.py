@@ -51,6 +51,13 @@ def test_best_lr_is_chosen_on_the_mean_over_seeds_and_edges_get_one_more_point(s
         "norm": "proj_spheret", "norm.alpha_init": 8.0, "optim.lr": 3e-2}}
     runs = grid("pre_ln-rms1", {1e-3: [2.4] * 3, 3e-3: [2.5] * 3, 1e-2: [2.7] * 3})
     assert list(study.edge_points(runs, overrides(study))) == ["pre_ln-rms1-lr-0.0003"]
+    # counted from the runs: two points already beyond the grid on the edge's side (edge_rounds 2), no third,
+    # however many invocations it took to run them
+    assert study.edge_rounds == 2 and study.around(study.cells["geonorm"]["start"]) == [3e-3, 1e-2, 3e-2]
+    runs = grid("geonorm", {1e-3: [2.6] * 3, 3e-3: [2.7] * 3, 1e-2: [2.8] * 3, 3e-2: [2.9] * 3})
+    assert list(study.edge_points(runs, overrides(study))) == ["geonorm-lr-0.0003"]
+    runs += grid("geonorm", {3e-4: [2.5] * 3})
+    assert study.edge_points(runs, overrides(study)) == {}     # 1e-4 is on the ladder, but out of rounds
 
 
 def test_a_pick_takes_named_cells_and_the_best_of_each_group(study):
