@@ -371,10 +371,12 @@ class Runner:
         self.sweep(sweep, dict(s.point(c, v, o) for c, (o, centre) in cells.items() for v in s.around(centre)), seeds)
 
     def bracket(self, sweep: str, cells: dict, seeds: list) -> None:
+        asked = set()
         while True:  # edge_points stops a cell after `edge_rounds` points beyond its grid on a side
             pts = self.study.edge_points(self.finished(sweep), cells)
-            if not pts:
+            if not pts or set(pts) <= asked:  # nothing new (a point that ran but did not finish): stop
                 break
+            asked |= set(pts)
             self.sweep(sweep, pts, seeds)
 
     def picked(self, part: dict, best: dict) -> list:
