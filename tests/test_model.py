@@ -267,6 +267,17 @@ def test_peri_ln_is_sandwich_plus_embedding_norm():
     assert not torch.allclose(got, sand(x)[0], atol=1e-3)
 
 
+def test_sandwich_with_the_embedding_norm_is_peri_ln_exactly():
+    """horizon16's ablation reads Peri-LN as Pre-LN + an input norm + Sandwich's output norms, so Sandwich with
+    norm.embed_norm=layer must be Peri-LN itself: the same parameters from one seed, the same logits and loss."""
+    peri, sand = build("peri_ln"), build("sandwich", embed_norm="layer")
+    a, b = peri.state_dict(), sand.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    x, y = batch()
+    (la, loss_a), (lb, loss_b) = peri(x, y)[:2], sand(x, y)[:2]
+    assert torch.equal(la, lb) and torch.equal(loss_a, loss_b)
+
+
 def test_post_ln_outputs_are_normalized_rows():
     model = build("post_ln", eps=0.0)  # eps is comparable to the tiny embeddings' variance
     _, _, hidden = model(batch()[0], return_hidden=True)
