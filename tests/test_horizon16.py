@@ -93,6 +93,10 @@ def test_the_report_decides_the_declared_families_in_bits_per_byte(env, tmp_path
     assert "### 16 tokens per parameter (primary horizon)" in text and "### 4 tokens per parameter (secondary" in text
     assert "**Primary family (Holm over these)**" in text and "**Ablation family" in text
     assert "| gpt2.geonorm-normin − gpt2.pre_ln | 4 |" in text
+    # every table says how long each run was and which code ran it
+    steps = {float(r["tpp"]): (r["steps"], r["tokens"]) for r in rows}
+    assert f"Each run: {steps[16.0][0]:,} steps, {steps[16.0][1]:,} tokens." in text
+    assert f"Code commits the runs record (each run's is in results.jsonl): {rows[0]['commit']}" in text
 
 
 def test_a_fresh_checkout_reports_from_the_published_rows(env, tmp_path):

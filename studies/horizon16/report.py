@@ -222,13 +222,18 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
         primary = float(part.get("primary_horizon", part["horizons"][-1]))
         train_s = sum(r["train_s"] or 0 for r in rows if r["steps"] == max_steps(rows, r))
         n_trunks = len({r["trunk"] for r in rows})
+        commits = ", ".join(sorted({str(r["commit"]) for r in rows}))
         lines += [f"## Part {part['name']}", "",
                   f"{n_trunks} runs finished (trunks with their branches), {train_s / 3600:.1f} h of training time "
-                  "summed over runs (two ran at a time).", ""]
+                  f"summed over runs (two ran at a time). Code commits the runs record (each run's is in "
+                  f"results.jsonl): {commits}.", ""]
         for t in sorted(float(h) for h in part["horizons"]):
             cells = {c: Cell(rows, c, t, sel, test, chosen_at=primary) for c in part["cells"]}
             role = "primary horizon" if t == primary else f"secondary reading, at the settings chosen at {primary:g}"
-            lines += [f"### {t:g} tokens per parameter ({role})", ""] + cell_table(cells, t)
+            length = ", ".join(f"{n:,} steps, {k:,} tokens" for n, k in sorted(
+                {(r["steps"], r["tokens"]) for r in rows if float(r["tpp"]) == t}))
+            lines += [f"### {t:g} tokens per parameter ({role})", "", f"Each run: {length}.", ""]
+            lines += cell_table(cells, t)
             ref = lambda c: cells.get(study.reference_of(c))  # noqa: E731
             fam = [compare(cells[c], ref(c), doc_bytes) for c in part.get("primary", [])
                    if cells[c].test and ref(c) and ref(c).test]
