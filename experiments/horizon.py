@@ -18,8 +18,9 @@ cell leaves idle while it waits for its last trunk goes to the next cell's trunk
              `primary_horizon` tests at that horizon's best setting only; its other horizons are read from
              the same test trunks (secondary readings at a setting chosen for the primary horizon).
 A part with `pick` runs those cells of its `of` part, the grid centred on their best lr there.
-Each trunk dir holds point.json (its cell, setting, seed and role) and horizons.json (per horizon: steps,
-tokens, final validation loss, training seconds): runs are read back from these, never from names.
+Each trunk dir holds point.json (its cell, setting, seed, role, and `segments`: the [start, end] Unix times of
+each invocation that trained it) and horizons.json (per horizon: steps, tokens, final validation loss, training
+seconds): runs are read back from these, never from names.
 The finished results are published in docs/<study>/results.jsonl (`collect`), so a fresh checkout resumes
 from them without the run dirs.
 """
@@ -119,6 +120,8 @@ def collect(root: Path, part: dict, published: Path | None = None, sharing: tupl
                              "diverged": r["diverged"] or not _finite(r["final_val_loss"]), "train_s": r["train_s"],
                              **{k: r[k] for k in ROW_EXTRAS if r.get(k) is not None},
                              **_doc_nats(r.get("run_dir")), "trunk": str(p.parent)})
+                if point.get("segments"):
+                    rows[-1]["segments"] = point["segments"]
                 if steps == longest and (p.parent / "trunk").is_dir():  # published with the row: run dirs go
                     rows[-1]["scalars"] = _scalars(p.parent / "trunk")
     if published is not None and published.is_file():
@@ -356,17 +359,18 @@ def _train_trunk(runner, part, steps, decay, warmup, slots, priority, cell, lr, 
     study, args = runner.study, runner.args
     out = trunk_dir(args.runs_root, part, cell, lr, mult, seed)
     slot, env = slots.acquire(priority)  # waits (a stop meanwhile raises Stopped): the run dir only once it runs
+    point, t0 = None, time.time()
     try:
         out.mkdir(parents=True, exist_ok=True)
         point = {"cell": cell, "lr": lr, "mult": mult, "seed": seed, "role": role, "part": part["name"],
                  "horizons": {f"{t:g}": s for t, s in steps.items()}, "decay_frac": decay,
-                 "commit": code_commit(REPO) or "unknown"}
-        if (out / "point.json").is_file():  # a resumed trunk keeps the commit it started with
-            point["commit"] = read_json(out / "point.json").get("commit", point["commit"])
+                 "commit": code_commit(REPO) or "unknown", "segments": []}
+        if (out / "point.json").is_file():  # a resumed trunk keeps the commit it started with, and its segments
+            old = read_json(out / "point.json")
+            point["commit"], point["segments"] = old.get("commit", point["commit"]), old.get("segments", [])
         atomic_write(out / "point.json", json.dumps(point, indent=1) + "\n")
         overrides = [f"experiment={args.experiment}", *study.overrides, *cell_overrides(study, part, cell),
                      f"optim.lr={lr:g}", f"{MULT_KEY}={mult:g}", f"train.seed={seed}", *args.overrides]
-        t0 = time.time()
         print(f"# {cell} lr={lr:g} mult={mult:g} seed={seed} ({role}) -> {out}", flush=True)
         branches.run(out, list(steps.values()), decay, overrides, warmup, log=out / "train.log", env=env)
     except RuntimeError as e:  # a crash, not a result: the cell's caller stops it after this phase
@@ -374,5 +378,8 @@ def _train_trunk(runner, part, steps, decay, warmup, slots, priority, cell, lr, 
         return str(e)
     finally:
         slots.release(slot)
+        if point is not None:  # the time this trunk held a slot, stopped or not: a part's wall time is their union
+            point["segments"].append([round(t0, 1), round(time.time(), 1)])
+            atomic_write(out / "point.json", json.dumps(point, indent=1) + "\n")
     print(f"# done {cell} lr={lr:g} mult={mult:g} seed={seed}: {time.time() - t0:.0f} s", flush=True)
     return None

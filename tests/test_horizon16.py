@@ -97,6 +97,24 @@ def test_the_report_decides_the_declared_families_in_bits_per_byte(env, tmp_path
     steps = {float(r["tpp"]): (r["steps"], r["tokens"]) for r in rows}
     assert f"Each run: {steps[16.0][0]:,} steps, {steps[16.0][1]:,} tokens." in text
     assert f"Code commits the runs record (each run's is in results.jsonl): {rows[0]['commit']}" in text
+    # each trunk records when it ran, so the part's wall time is measured, not estimated
+    seg = json.loads(next((runner.args.runs_root / "s").rglob("point.json")).read_text())["segments"]
+    assert len(seg) == 1 and seg[0][0] <= seg[0][1]
+    assert all(r["segments"] for r in rows) and "h of wall time, the union of the running intervals of the" in text
+
+
+def test_a_parts_wall_time_counts_each_second_once_over_parallel_jobs_and_resumes():
+    from studies.horizon16.report import wall_s
+
+    def row(seed, segments):
+        return {"cell": "gpt2.pre_ln", "lr": 3e-3, "mult": 1.0, "seed": seed, "tpp": 16.0, "segments": segments}
+
+    rows = [row(0, [[0, 100]]), row(0, [[0, 100]]),    # one trunk, two horizons' rows: counted once
+            row(1, [[50, 120]]),                       # ran beside seed 0: 100-120 is new
+            row(2, [[200, 230], [500, 540]]),          # stopped and resumed: the gap between is not counted
+            row(3, None)]                              # published before trunks recorded their times
+    assert wall_s(rows) == (120 + 30 + 40, 3, 4)
+    assert wall_s([row(0, None)]) == (0.0, 0, 1)
 
 
 def test_a_fresh_checkout_reports_from_the_published_rows(env, tmp_path):

@@ -157,6 +157,20 @@ def cell_table(cells: dict, tpp: float) -> list:
     return lines + [""]
 
 
+def wall_s(rows: list) -> tuple[float, int, int]:
+    """(seconds, trunks with a record, trunks): the part's wall time, measured as the union of its trunks' running
+    intervals (`segments`: one per invocation that trained a trunk), so a part run over several invocations, or
+    with jobs in parallel, counts each second once; time between invocations is not counted."""
+    trunks = {(r["cell"], r["lr"], r["mult"], r["seed"]): r.get("segments") for r in rows}
+    spans = sorted(tuple(s) for segs in trunks.values() if segs for s in segs)
+    total, end = 0.0, -math.inf
+    for a, b in spans:
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total, sum(1 for segs in trunks.values() if segs), len(trunks)
+
+
 def keep_weights(rows: list, part: dict, d: Path, test: list) -> int:
     """The final weights of every test run at the part's primary horizon, in fp16 with the model's config,
     under docs/<study>/weights/<part>/ (committed with the results: a better evaluation needs no retraining).
@@ -220,13 +234,18 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
         sel, test = list(study.seeds), list(part["test_seeds"])
         keep_weights(rows, part, d, test)
         primary = float(part.get("primary_horizon", part["horizons"][-1]))
-        train_s = sum(r["train_s"] or 0 for r in rows if r["steps"] == max_steps(rows, r))
-        n_trunks = len({r["trunk"] for r in rows})
+        own = [r for r in rows if r["part"] == part["name"]]   # a shared trunk's cost is its own part's
+        train_s = sum(r["train_s"] or 0 for r in own if r["steps"] == max_steps(own, r))
+        n_trunks, shared = len({r["trunk"] for r in own}), {r["part"] for r in rows} - {part["name"]}
+        wall, timed, trunks = wall_s(own)
         commits = ", ".join(sorted({str(r["commit"]) for r in rows}))
         lines += [f"## Part {part['name']}", "",
                   f"{n_trunks} runs finished (trunks with their branches), {train_s / 3600:.1f} h of training time "
-                  f"summed over runs (two ran at a time). Code commits the runs record (each run's is in "
-                  f"results.jsonl): {commits}.", ""]
+                  f"summed over runs (two ran at a time)"
+                  + (f"; {wall / 3600:.1f} h of wall time, the union of the running intervals of the "
+                     f"{timed} of {trunks} trunks that record them" if timed else "")
+                  + (f"; more trunks are read from part {', '.join(sorted(shared))}" if shared else "")
+                  + f". Code commits the runs record (each run's is in results.jsonl): {commits}.", ""]
         for t in sorted(float(h) for h in part["horizons"]):
             cells = {c: Cell(rows, c, t, sel, test, chosen_at=primary) for c in part["cells"]}
             role = "primary horizon" if t == primary else f"secondary reading, at the settings chosen at {primary:g}"
@@ -247,7 +266,7 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
                 family(abl, len(part.get("ablation", [])))
                 lines += comparison_table(fam, "Primary family (Holm over these)")
                 if abl:
-                    lines += comparison_table(abl, "Ablation family: what in Pre-LN loses (Holm over these)")
+                    lines += comparison_table(abl, "Ablation family (Holm over these)")
             else:
                 lines += comparison_table(fam + abl, "Secondary: the same comparisons, unadjusted (no verdicts)")
     atomic_write(d / "tables.md", "\n".join(lines) + "\n")
