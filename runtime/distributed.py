@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -14,6 +15,8 @@ import torch.distributed as dist
 from common import ConfigError, UserError
 
 from .launch import TORCH_NAMES, env_rank, precision_name  # noqa: F401  (env_rank: the rank before a process group exists)
+
+log = logging.getLogger("nanonorm.train")
 
 
 @dataclass(frozen=True)
@@ -171,10 +174,12 @@ def main_first(fn, what: str = "preparing the data"):
     return out if not dist.is_initialized() or dist.get_rank() == 0 else fn()
 
 
-def configure_torch(device: torch.device, threads=None, deterministic: bool = False) -> None:
-    """Threads (None: torch's), deterministic kernels, and TF32 matmuls on CUDA."""
+def configure_torch(device: torch.device, threads=None, deterministic: bool = False, flush_denormal=False) -> None:
+    """Threads (None: torch's), deterministic kernels, subnormals flushed on CPU, and TF32 matmuls on CUDA."""
     if threads is not None:
         torch.set_num_threads(threads)
+    if flush_denormal and device.type == "cpu" and not torch.set_flush_denormal(True):
+        log.warning("train.flush_denormal: this CPU cannot flush subnormal floats; running with them")
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
@@ -182,6 +187,11 @@ def configure_torch(device: torch.device, threads=None, deterministic: bool = Fa
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+
+
+def flushing_denormals() -> bool:
+    """Whether CPU ops flush subnormal floats to zero now (torch has a setter only): 1e-39 is one."""
+    return (torch.tensor([1e-39]) * 1.0).item() == 0.0
 
 
 def cpu_threads(requested=None) -> int:

@@ -122,6 +122,26 @@ def test_a_resumed_run_reports_its_training_time_over_all_segments(tmp_path, cap
     assert any("all segments" in r.getMessage() and "(resumed)" in r.getMessage() for r in caplog.records)
 
 
+def test_flush_denormal_flushes_subnormals_while_the_run_trains_and_only_then(tmp_path):
+    from runtime.distributed import flushing_denormals
+    from trainer.sinks import Sink
+
+    class Probe(Sink):  # called from the loop at each logging step
+        def __init__(self):
+            self.seen = []
+
+        def log(self, record):
+            self.seen.append(flushing_denormals())
+
+    assert not flushing_denormals()
+    on, off = Probe(), Probe()
+    train(make_cfg(tmp_path / "on", "train.max_steps=2", "train.flush_denormal=true"), sinks=[on])
+    assert on.seen and all(on.seen)
+    assert not flushing_denormals()  # the caller gets its subnormals back
+    train(make_cfg(tmp_path / "off", "train.max_steps=2"), sinks=[off])
+    assert off.seen and not any(off.seen)
+
+
 def test_metrics_jsonl_schema_and_sink_keys(tmp_path):
     rec = RecordingSink()
     train(make_cfg(tmp_path, "norm=spheret", "train.max_steps=4", "logging.log_interval=2",

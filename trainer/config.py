@@ -31,6 +31,10 @@ class TrainConfig:
     fused_loss: Literal["auto", True, False] = "auto"
     deterministic: bool = False           # torch.use_deterministic_algorithms (bitwise resume on CPU)
     threads: Optional[PosInt] = None      # CPU threads for torch (null: all cores); several CPU jobs at once: 1 each
+    #: CPU: flush subnormal floats to zero (torch.set_flush_denormal). A run whose values drift below 1.2e-38
+    #: (a stalled or diverging one) then runs at full speed instead of up to ~2x slower, but computes other
+    #: numbers: keep one setting across the runs a study compares. No effect on CUDA.
+    flush_denormal: bool = False
     eval_interval: PosInt = 100           # steps between validation passes (also at step 0 and at the end)
     eval_tokens: PosInt = 65536           # validation tokens per evaluation, windows spread evenly over the split
     #: the run's final evaluation (and each cooldown branch's): windows spread over the split (null: all of it)

@@ -40,6 +40,7 @@ class Trainer(TrainerState):
         self.stop = resume.StopSignal()
         self._was_deterministic = torch.are_deterministic_algorithms_enabled()
         self._was_threads = torch.get_num_threads()
+        self._was_flushing = distributed.flushing_denormals()
 
     # --- setup -----------------------------------------------------------------------------------
 
@@ -102,7 +103,7 @@ class Trainer(TrainerState):
         self.autocast = distributed.autocast(self.device, self.precision)
         self.use_compile = (self.device.type == "cuda") if train_cfg.compile == "auto" else train_cfg.compile
         self.fused_loss = (self.device.type == "cuda") if train_cfg.fused_loss == "auto" else train_cfg.fused_loss
-        distributed.configure_torch(self.device, train_cfg.threads, train_cfg.deterministic)
+        distributed.configure_torch(self.device, train_cfg.threads, train_cfg.deterministic, train_cfg.flush_denormal)
 
     def _prepare_data(self) -> None:
         self.data_dir, self.tokenizer_name = run_data.prepare(self.run_cfg.data, self.dist)
@@ -428,6 +429,7 @@ class Trainer(TrainerState):
             self.lock.release()
         torch.use_deterministic_algorithms(self._was_deterministic)  # in-process callers (tests) get theirs back
         torch.set_num_threads(self._was_threads)
+        torch.set_flush_denormal(self._was_flushing)
         for s in self.sinks:
             s.close()
 
