@@ -178,8 +178,13 @@ def configure_torch(device: torch.device, threads=None, deterministic: bool = Fa
     """Threads (None: torch's), deterministic kernels, subnormals flushed on CPU, and TF32 matmuls on CUDA."""
     if threads is not None:
         torch.set_num_threads(threads)
-    if flush_denormal and device.type == "cpu" and not torch.set_flush_denormal(True):
-        log.warning("train.flush_denormal: this CPU cannot flush subnormal floats; running with them")
+    if flush_denormal and device.type == "cpu":
+        if not torch.set_flush_denormal(True):
+            log.warning("train.flush_denormal: this CPU cannot flush subnormal floats; running with them")
+        elif not flushing_denormals(every_thread=True):
+            # the flag is per thread; threads started later inherit it, a pool started before does not
+            log.warning("train.flush_denormal: torch's CPU threads started before it was set keep their "
+                        "subnormals; set it in a fresh process (train.py) or with train.threads=1")
     if deterministic:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
         torch.use_deterministic_algorithms(True)
@@ -189,9 +194,12 @@ def configure_torch(device: torch.device, threads=None, deterministic: bool = Fa
         torch.backends.cudnn.allow_tf32 = True
 
 
-def flushing_denormals() -> bool:
-    """Whether CPU ops flush subnormal floats to zero now (torch has a setter only): 1e-39 is one."""
-    return (torch.tensor([1e-39]) * 1.0).item() == 0.0
+def flushing_denormals(every_thread: bool = False) -> bool:
+    """Whether CPU ops flush subnormal floats to zero now (torch has a setter only): in this thread, or in
+    every thread of torch's pool (an op large enough to be split over all of them; starts the pool)."""
+    # made from their bits (~1.5e-39 each): made from a float, they would already be flushed
+    x = torch.full(((1 << 20) if every_thread else 1,), 1 << 20, dtype=torch.int32).view(torch.float32)
+    return bool(((x * 1.0) == 0).all())
 
 
 def cpu_threads(requested=None) -> int:

@@ -59,7 +59,7 @@ SINCE = {
         torch.set_rng_state torch.sin torch.sort torch.stack torch.tanh torch.tensor torch.testing.assert_close
         torch.topk torch.triu torch.use_deterministic_algorithms torch.utils._python_dispatch.TorchDispatchMode
         torch.where torch.zeros torch.zeros_like torch.float torch.cuda torch.empty_like torch.exp
-        torch._inductor.compile_fx.compile_fx torch.set_flush_denormal
+        torch._inductor.compile_fx.compile_fx torch.set_flush_denormal torch.int32
     """.split(),
 }
 # Newer than the floor, used only behind a version check that gives one line naming the version

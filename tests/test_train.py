@@ -6,6 +6,8 @@ Tiny models (2 layers, d=32, block 32) on the byte-tokenized pydocs corpus, prep
 import math
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,8 @@ from trainer.loop import train
 from trainer.monitor import SpikeDetector
 from trainer.optim import LRSchedule, build_optimizer
 from trainer.config import optim_config, parse_run_config
-from trainer.sinks import wandb_row
+from runtime.distributed import flushing_denormals
+from trainer.sinks import Sink, wandb_row
 
 from helpers import RecordingSink, make_cfg, records, run_with_a_nan_step
 
@@ -122,24 +125,56 @@ def test_a_resumed_run_reports_its_training_time_over_all_segments(tmp_path, cap
     assert any("all segments" in r.getMessage() and "(resumed)" in r.getMessage() for r in caplog.records)
 
 
+class FlushProbe(Sink):
+    """Records, at each logging step, whether CPU ops flush subnormals: in the loop's thread, or in all of
+    torch's threads."""
+
+    def __init__(self, every_thread=False):
+        self.every_thread, self.seen = every_thread, []
+
+    def log(self, record):
+        self.seen.append(flushing_denormals(self.every_thread))
+
+
+def start_torch_threads() -> None:
+    """Start torch's CPU threads now, so that none starts inside a run with subnormals flushed (a thread
+    inherits the flag from the one that starts it, and would keep it for the tests after)."""
+    (torch.ones(1 << 22) * 2.0).sum()
+
+
+@pytest.mark.slow
 def test_flush_denormal_flushes_subnormals_while_the_run_trains_and_only_then(tmp_path):
-    from runtime.distributed import flushing_denormals
-    from trainer.sinks import Sink
-
-    class Probe(Sink):  # called from the loop at each logging step
-        def __init__(self):
-            self.seen = []
-
-        def log(self, record):
-            self.seen.append(flushing_denormals())
-
+    start_torch_threads()
     assert not flushing_denormals()
-    on, off = Probe(), Probe()
+    on, off = FlushProbe(), FlushProbe()
     train(make_cfg(tmp_path / "on", "train.max_steps=2", "train.flush_denormal=true"), sinks=[on])
     assert on.seen and all(on.seen)
     assert not flushing_denormals()  # the caller gets its subnormals back
     train(make_cfg(tmp_path / "off", "train.max_steps=2"), sinks=[off])
     assert off.seen and not any(off.seen)
+
+
+@pytest.mark.slow
+def test_flush_denormal_reaches_every_cpu_thread_of_a_fresh_run_and_says_when_it_cannot(tmp_path, caplog):
+    # a fresh process (train.py): the flag is set before torch starts its threads, which inherit it
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_train as t; "
+              f"p = t.FlushProbe(every_thread=True); t.train(t.make_cfg({str(tmp_path / 'fresh')!r}, "
+              "'train.max_steps=2', 'train.threads=2', 'train.flush_denormal=true'), sinks=[p]); print(p.seen)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == str([True] * 7)  # 2 train records, 3 evals, 2 summaries
+    # in a process whose threads already run, only the loop's thread flushes: said in one line
+    was = torch.get_num_threads()
+    torch.set_num_threads(2)
+    start_torch_threads()
+    try:
+        probe = FlushProbe(every_thread=True)
+        with caplog.at_level("WARNING", logger="nanonorm.train"):
+            train(make_cfg(tmp_path / "late", "train.max_steps=2", "train.threads=2", "train.flush_denormal=true"),
+                  sinks=[probe])
+    finally:
+        torch.set_num_threads(was)
+    assert not any(probe.seen)
+    assert any("threads started before it was set" in r.getMessage() for r in caplog.records)
 
 
 def test_metrics_jsonl_schema_and_sink_keys(tmp_path):

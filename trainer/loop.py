@@ -429,7 +429,7 @@ class Trainer(TrainerState):
             self.lock.release()
         torch.use_deterministic_algorithms(self._was_deterministic)  # in-process callers (tests) get theirs back
         torch.set_num_threads(self._was_threads)
-        torch.set_flush_denormal(self._was_flushing)
+        torch.set_flush_denormal(self._was_flushing)  # this thread's; threads torch started in the run keep it
         for s in self.sinks:
             s.close()
 
