@@ -92,6 +92,11 @@ def test_the_report_decides_the_declared_families_in_bits_per_byte(env, tmp_path
     text = (tmp_path / "docs" / "horizon16" / "tables.md").read_text()
     assert "### 16 tokens per parameter (primary horizon)" in text and "### 4 tokens per parameter (secondary" in text
     assert "**Primary family (Holm over these)**" in text and "**Ablation family" in text
+    primary = part.pop("primary")  # a part with an ablation family only gets no empty primary table
+    r16.report(study, runner.args.runs_root, tmp_path / "abl", "horizon16")
+    part["primary"] = primary
+    abl_only = (tmp_path / "abl" / "horizon16" / "tables.md").read_text()
+    assert "Primary family" not in abl_only and "**Ablation family" in abl_only
     assert "| gpt2.geonorm-normin − gpt2.pre_ln | 4 |" in text
     # every table says how long each run was and which code ran it
     steps = {float(r["tpp"]): (r["steps"], r["tokens"]) for r in rows}

@@ -264,7 +264,8 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
             if t == primary:
                 family(fam, len(part.get("primary", [])))
                 family(abl, len(part.get("ablation", [])))
-                lines += comparison_table(fam, "Primary family (Holm over these)")
+                if part.get("primary"):  # part hca has an ablation family only
+                    lines += comparison_table(fam, "Primary family (Holm over these)")
                 if abl:
                     lines += comparison_table(abl, "Ablation family (Holm over these)")
             else:
