@@ -157,10 +157,11 @@ def test_flush_denormal_flushes_subnormals_while_the_run_trains_and_only_then(tm
 @pytest.mark.slow
 def test_flush_denormal_reaches_every_cpu_thread_of_a_fresh_run_and_says_when_it_cannot(tmp_path, caplog):
     # a fresh process (train.py): the flag is set before torch starts its threads, which inherit it
-    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import test_train as t; "
-              f"p = t.FlushProbe(every_thread=True); t.train(t.make_cfg({str(tmp_path / 'fresh')!r}, "
-              "'train.max_steps=2', 'train.threads=2', 'train.flush_denormal=true'), sinks=[p]); print(p.seen)")
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    script = (f"import test_train as t; p = t.FlushProbe(every_thread=True); t.train(t.make_cfg("
+              f"{str(tmp_path / 'fresh')!r}, 'train.max_steps=2', 'train.threads=2', 'train.flush_denormal=true'), "
+              "sinks=[p]); print(p.seen)")
+    out = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent,  # `-c` imports from its cwd
+                         capture_output=True, text=True, check=True).stdout
     assert out.strip().splitlines()[-1] == str([True] * 7)  # 2 train records, 3 evals, 2 summaries
     # in a process whose threads already run, only the loop's thread flushes: said in one line
     was = torch.get_num_threads()
