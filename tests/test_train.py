@@ -499,6 +499,23 @@ def test_resume_reads_a_run_saved_with_every_sources_data_keys_as_the_same_confi
         resume.check_config_changes(tmp_path, now, saved, resume_force=False)
 
 
+def test_resume_reads_a_key_added_since_the_checkpoint_at_its_default_as_unchanged(tmp_path, caplog):
+    """A checkpoint written before a key existed lacks it: the key at its default is how that run trained (no
+    change, no warning); set to another value, it is a change, named with the checkpoint's side as None."""
+    import copy
+    from omegaconf import OmegaConf
+
+    now = OmegaConf.to_container(make_cfg(tmp_path), resolve=True)
+    saved = copy.deepcopy(now)
+    del saved["train"]["flush_denormal"], saved["optim"]["eps"]  # as a checkpoint of older code holds them
+    with caplog.at_level("WARNING", logger="nanonorm.train"):
+        assert not resume.check_config_changes(tmp_path, now, saved, resume_force=False)
+        assert "changed config" not in caplog.text
+        now["train"]["flush_denormal"] = True
+        assert resume.check_config_changes(tmp_path, now, saved, resume_force=False)
+    assert "changed config: train.flush_denormal None -> True" in caplog.text and "optim.eps" not in caplog.text
+
+
 def test_warmup_longer_than_the_run_warns(tmp_path, caplog):
     with caplog.at_level("WARNING", logger="nanonorm.train"):
         train(make_cfg(tmp_path, "train.max_steps=3", "optim.warmup_steps=10"))

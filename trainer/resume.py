@@ -118,8 +118,11 @@ def check_config_changes(path: Path, now: dict, saved: dict, resume_force: bool)
     """Warn about keys of the composed config that differ from the checkpoint's; refuse a change of an
     exactness key unless `resume_force`. True when any key differs."""
     now, before = flatten(_spelled(now)), flatten(_spelled(saved))
+    # a key added since the checkpoint was written, now at its default, is how the older run trained
+    older = {k: v for k, v in _defaults(now).items() if k in now and k not in before}
     changed = [k for k in sorted(set(now) | set(before))
-               if now.get(k) != before.get(k) and k not in RESUME_KEYS and not k.startswith(MODEL_PREFIXES)]
+               if now.get(k) != before.get(k, older.get(k)) and k not in RESUME_KEYS
+               and not k.startswith(MODEL_PREFIXES)]
     if not changed:
         return False
 
@@ -133,6 +136,16 @@ def check_config_changes(path: Path, now: dict, saved: dict, resume_force: bool)
     log.warning(f"resuming {path} with a changed config: {show(changed)}"
                 + (" (the data order differs from an uninterrupted run)" if breaking else ""))
     return True
+
+
+def _defaults(now: dict) -> dict:
+    """{"train.seed": 1337, ...}: every group's keys at their defaults, the optimizer's of `now`'s
+    `optim.name`, spelled as `now` is (flattened, its schedule flat)."""
+    from .config_store import group_defaults
+    from .optim_options import optim_nodes
+
+    node = optim_nodes().get(now.get("optim.name"), {})
+    return flatten({**group_defaults(), "optim": flat_schedule(node)})
 
 
 def _spelled(cfg: dict) -> dict:
