@@ -97,6 +97,9 @@ def test_the_report_decides_the_declared_families_in_bits_per_byte(env, tmp_path
     part["primary"] = primary
     abl_only = (tmp_path / "abl" / "horizon16" / "tables.md").read_text()
     assert "Primary family" not in abl_only and "**Ablation family" in abl_only
+    # a family none of whose comparisons has test seeds yet is a sentence, not a table without rows
+    assert r16.comparison_table([], "Primary family") == [
+        "**Primary family**: none yet (no comparison has its test seeds on both sides).", ""]
     assert "| gpt2.geonorm-normin − gpt2.pre_ln | 4 |" in text
     # every table says how long each run was and which code ran it
     steps = {float(r["tpp"]): (r["steps"], r["tokens"]) for r in rows}

@@ -123,6 +123,8 @@ def _f(x, spec="+.4f") -> str:
 
 
 def comparison_table(comps: list, title: str) -> list:
+    if not comps:  # a part under way: a sentence, not a table with no rows
+        return [f"**{title}**: none yet (no comparison has its test seeds on both sides).", ""]
     lines = [f"**{title}** (bits per byte, a − b; negative: a ahead)", "",
              "| a − b | n | mean [95% CI] | % of b | seed SD | val-set s.e. | p | Holm p | "
              f"TOST ±{BPB_MARGIN:g} Holm p | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
