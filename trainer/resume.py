@@ -119,9 +119,9 @@ def check_config_changes(path: Path, now: dict, saved: dict, resume_force: bool)
     exactness key unless `resume_force`. True when any key differs."""
     now, before = flatten(_spelled(now)), flatten(_spelled(saved))
     # a key added since the checkpoint was written, now at its default, is how the older run trained
-    older = {k: v for k, v in _defaults(now).items() if k in now and k not in before}
+    default = _defaults(now)
     changed = [k for k in sorted(set(now) | set(before))
-               if now.get(k) != before.get(k, older.get(k)) and k not in RESUME_KEYS
+               if now.get(k) != before.get(k, default.get(k)) and k not in RESUME_KEYS
                and not k.startswith(MODEL_PREFIXES)]
     if not changed:
         return False
