@@ -100,6 +100,11 @@ def test_the_report_decides_the_declared_families_in_bits_per_byte(env, tmp_path
     # a family none of whose comparisons has test seeds yet is a sentence, not a table without rows
     assert r16.comparison_table([], "Primary family") == [
         "**Primary family**: none yet (no comparison has its test seeds on both sides).", ""]
+    seeds, part["test_seeds"] = part["test_seeds"], [20, 21]   # declared families, none of their test runs yet
+    r16.report(study, runner.args.runs_root, tmp_path / "none", "horizon16")
+    part["test_seeds"] = seeds
+    none_in = (tmp_path / "none" / "horizon16" / "tables.md").read_text()
+    assert all(f"**{f} family (Holm over these)**: none yet" in none_in for f in ("Primary", "Ablation"))
     assert "| gpt2.geonorm-normin − gpt2.pre_ln | 4 |" in text
     # every table says how long each run was and which code ran it
     steps = {float(r["tpp"]): (r["steps"], r["tokens"]) for r in rows}

@@ -266,9 +266,10 @@ def report(study, root: Path, docs: Path, experiment: str) -> None:
             if t == primary:
                 family(fam, len(part.get("primary", [])))
                 family(abl, len(part.get("ablation", [])))
-                if part.get("primary"):  # part hca has an ablation family only
+                # each family the part declares (hca: an ablation family only), a sentence while none is in
+                if part.get("primary"):
                     lines += comparison_table(fam, "Primary family (Holm over these)")
-                if abl:
+                if part.get("ablation"):
                     lines += comparison_table(abl, "Ablation family (Holm over these)")
             else:
                 lines += comparison_table(fam + abl, "Secondary: the same comparisons, unadjusted (no verdicts)")
