@@ -244,8 +244,27 @@ class FracOptions(NormOptions):
             bad("norm.fractions", self.fractions, f"must divide model.n_embd={model.n_embd}")
 
 
-# SiameseNorm's two streams (model/variants/streams.py): the base keys only
-variant("siamese", "streams:SiameseNorm")(NormOptions)
+@variant("siamese", "streams:SiameseNorm")
+@dataclass
+class SiameseOptions(NormOptions):
+    """SiameseNorm's pieces, each one switch so an ablation can leave it out (the defaults: the paper's)."""
+    #: the Post-Norm-like stream x (false: y alone, each sublayer F(Norm_i(Norm_q(y))), the output Norm(Norm_y(y)))
+    post_stream: bool = True
+    depth_scale: bool = True          # x's writes divided by sqrt(2k), k the block (false: by 1)
+    #: the output step reads Norm_x(x) + Norm_y(y) (sum), or one stream: Norm_y(y) (pre) or Norm_x(x) (post)
+    output_from: Literal["sum", "pre", "post"] = "sum"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.post_stream and self.output_from == "post":
+            bad("norm.output_from", self.output_from, "reads x, which norm.post_stream=false leaves out; "
+                "use sum or pre (the same model without x)")
+
+    def unread(self, given) -> dict:
+        out = super().unread(given)
+        if not self.depth_scale and not self.post_stream:
+            out["depth_scale"] = "norm.post_stream=true"
+        return out
 
 
 @variant("attnres", "streams:AttentionResiduals")

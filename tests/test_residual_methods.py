@@ -454,46 +454,68 @@ def test_seednorm_and_value_residual_resume_exactly(tmp_path, over):
 
 
 # ---- SiameseNorm (siamese) ----
-def test_siamese_streams_start_equal_and_follow_the_authors_rule():
+SIAMESE_PIECES = [{}, {"depth_scale": False}, {"output_from": "pre"}, {"output_from": "post"},
+                  {"post_stream": False}]
+
+
+@pytest.mark.parametrize("pieces", SIAMESE_PIECES, ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()) or "paper")
+def test_siamese_streams_start_equal_and_follow_the_authors_rule(pieces):
     """x = y = e; per sublayer x <- Norm_p(x), z = F(Norm_i(x + Norm_q(y))), x <- x + z/sqrt(2k), y <- y + z;
-    output Norm(Norm_x(x) + Norm_y(y)): written out over two blocks, every norm's gain moved off its init."""
+    output Norm(Norm_x(x) + Norm_y(y)): written out over two blocks, every norm's gain moved off its init; and
+    each piece left out as its switch says (c = 1; one stream at the output; y alone, read through two Norms)."""
     torch.manual_seed(0)
-    model = GPT(gpt_config("siamese", vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D)).eval()
+    model = GPT(gpt_config("siamese", vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=D, **pieces)).eval()
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "norm" in n:
                 p.uniform_(0.5, 1.5)
+    two = pieces.get("post_stream", True)
     x = tokens()
     e = model.wte(x) + model.wpe(torch.arange(T))
     H0 = model.input_step(e)
-    assert torch.equal(H0[..., 0, :], e) and torch.equal(H0[..., 1, :], e)      # both streams start at e
+    assert H0.shape[-2] == (2 if two else 1) and all(torch.equal(H0[..., i, :], e) for i in range(H0.shape[-2]))
     xs, ys = e, e
     for k, block in enumerate(model.blocks, start=1):
+        c = (2 * k) ** 0.5 if pieces.get("depth_scale", True) else 1.0
         for rule, f in ((block.attn_rule, lambda u: block.attn(u)), (block.mlp_rule, block.mlp)):
-            xs = rule.post_norm(xs)
-            z = f(rule.in_norm(xs + rule.pre_norm(ys)))
-            xs, ys = xs + z / (2 * k) ** 0.5, ys + z
-    out = model.output_step.norm(model.output_step.x_norm(xs) + model.output_step.y_norm(ys))
-    assert torch.allclose(model(x)[0], model.lm_head(out), atol=1e-5)
+            if two:
+                xs = rule.post_norm(xs)
+                z = f(rule.in_norm(xs + rule.pre_norm(ys)))
+                xs, ys = xs + z / c, ys + z
+            else:
+                assert rule.post_norm is None
+                ys = ys + f(rule.in_norm(rule.pre_norm(ys)))
+    out_step, reads = model.output_step, pieces.get("output_from", "sum") if two else "pre"
+    read = {"sum": lambda: out_step.x_norm(xs) + out_step.y_norm(ys), "pre": lambda: out_step.y_norm(ys),
+            "post": lambda: out_step.x_norm(xs)}[reads]
+    assert (out_step.x_norm is None) == (reads == "pre") and (out_step.y_norm is None) == (reads == "post")
+    assert torch.allclose(model(x)[0], model.lm_head(out_step.norm(read())), atol=1e-5)
     _, _, hidden = model(x, return_hidden=True)
     assert torch.allclose(hidden[-1], ys, atol=1e-5)                            # the monitor sees y
 
 
-def test_siamese_logs_its_streams_and_counts_its_norms():
-    model = one_block("siamese")
-    model.set_stats_tracking(True)
-    model(tokens())
-    stats = model.norm_stats()
-    assert {"step/0/post_rms", "step/0/pre_rms", "step/1/post_rms", "step/1/pre_rms"} <= set(stats)
-    assert abs(stats["step/1/post_rms"].item() - 1.0) < 0.05   # just normalized (gain 1, no bias at init)
-    plain = one_block("pre_ln")
-    # three norms per sublayer and three at the output, against Pre-LN's one and one (LayerNorm: 2d each)
-    assert model.num_params() - plain.num_params() == (3 * 2 + 3 - (2 + 1)) * 2 * D
+@pytest.mark.parametrize("keys, bad_key, valid", [
+    ({"post_stream": False, "output_from": "post"}, "norm.output_from", "use sum or pre"),
+    ({"post_stream": False, "depth_scale": False}, "norm.depth_scale", "read only with norm.post_stream=true"),
+    ({"output_from": "both"}, "norm.output_from", "post")])
+def test_siamese_rejects_a_piece_that_the_others_leave_out(keys, bad_key, valid):
+    """One line naming the key and what would be valid: x's output or scale without x, an unknown output."""
+    from common import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        gpt_config("siamese", **keys)
+    assert bad_key in str(err.value) and valid in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
 @pytest.mark.parametrize("arch", PRESETS)
 def test_siamese_trains_every_parameter_on_every_preset_generates_with_a_cache_and_compiles_whole(arch):
     _trains_generates_and_compiles(_on_preset(arch, {"name": "siamese"}), arch, "siamese")
+
+
+@pytest.mark.parametrize("pieces", SIAMESE_PIECES[1:], ids=lambda p: ",".join(f"{k}={v}" for k, v in p.items()))
+def test_siamese_without_a_piece_trains_every_parameter_it_builds(pieces):
+    """A piece left out builds no Norm for it, so no parameter is left without a gradient (DDP would wait on it)."""
+    _trains_generates_and_compiles(_on_preset("gpt2", {"name": "siamese", **pieces}), "gpt2", str(pieces))
 
 
 @pytest.mark.slow

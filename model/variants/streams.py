@@ -189,16 +189,26 @@ class SiameseNorm(Variant):
 
         x <- Norm_post(x);   z = F(Norm_in(x + Norm_pre(y)));   x <- x + z / c;   y <- y + z,
 
-    and the output step is Norm_out(Norm_x(x) + Norm_y(y)). Every Norm is `norm.kind`, each its own."""
+    and the output step is Norm_out(Norm_x(x) + Norm_y(y)). Every Norm is `norm.kind`, each its own.
+
+    Each piece can be left out for ablation: `norm.post_stream=false` keeps y alone (H is [B, T, 1, d],
+    z = F(Norm_in(Norm_pre(y))), output Norm_out(Norm_y(y)): Pre-LN with two Norms in series at each
+    place), `norm.depth_scale=false` sets c = 1, `norm.output_from` reads one stream at the output."""
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
-        self.post_norm, self.pre_norm, self.in_norm = make_norm(cfg), make_norm(cfg), make_norm(cfg)
-        self.c = math.sqrt(2 * self.k)   # the authors' code: sqrt((block index + 1) * 2), shared by both sublayers
+        self.two = cfg.norm.post_stream
+        self.post_norm = make_norm(cfg) if self.two else None
+        self.pre_norm, self.in_norm = make_norm(cfg), make_norm(cfg)
+        # the authors' code: sqrt((block index + 1) * 2), shared by both sublayers
+        self.c = math.sqrt(2 * self.k) if cfg.norm.depth_scale else 1.0
         self.track, self.last_rms = False, None   # the monitor turns tracking on at stats steps
 
     def forward(self, H, f):
-        x, y = self.post_norm(H[..., 0, :]), H[..., 1, :]
+        y = H[..., -1, :]
+        if not self.two:
+            return (y + f(self.in_norm(self.pre_norm(y)))).unsqueeze(-2)
+        x = self.post_norm(H[..., 0, :])
         z = f(self.in_norm(x + self.pre_norm(y)))
         if self.track:   # each stream's RMS as this sublayer reads it: how far the two have parted
             self.last_rms = torch.stack([t.detach().float().pow(2).mean().sqrt() for t in (x, y)])
@@ -209,11 +219,11 @@ class SiameseNorm(Variant):
 
     @staticmethod
     def stream_view(H):
-        return H[..., 1, :]   # the Pre-Norm-like stream: the one comparable with Pre-LN's h
+        return H[..., -1, :]   # the Pre-Norm-like stream y (last, with or without x): comparable with Pre-LN's h
 
     @classmethod
     def input_step(cls, cfg):
-        return _Expand(make_input_step(cfg), 2)
+        return _Expand(make_input_step(cfg), 2 if cfg.norm.post_stream else 1)
 
     @classmethod
     def output_step(cls, cfg):
@@ -221,15 +231,20 @@ class SiameseNorm(Variant):
 
 
 class _SiameseOutput(nn.Module):
-    """Norm_out(Norm_x(x) + Norm_y(y)); `norm.final_norm=false` leaves out Norm_out."""
+    """Norm_out(Norm_x(x) + Norm_y(y)), or of one stream (`norm.output_from`, and y alone without x);
+    `norm.final_norm=false` leaves out Norm_out. Only the Norms of the streams read are built."""
 
     def __init__(self, cfg):
         super().__init__()
-        self.x_norm, self.y_norm = make_norm(cfg), make_norm(cfg)
+        reads = cfg.norm.output_from if cfg.norm.post_stream else "pre"
+        self.x_norm = make_norm(cfg) if reads in ("sum", "post") else None
+        self.y_norm = make_norm(cfg) if reads in ("sum", "pre") else None
         self.norm = make_norm(cfg) if cfg.norm.final_norm else nn.Identity()
 
     def forward(self, H):
-        return self.norm(self.x_norm(H[..., 0, :]) + self.y_norm(H[..., 1, :]))
+        x = 0 if self.x_norm is None else self.x_norm(H[..., 0, :])
+        y = 0 if self.y_norm is None else self.y_norm(H[..., -1, :])
+        return self.norm(x + y)
 
 
 class AttentionResiduals(Variant):
