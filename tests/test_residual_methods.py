@@ -494,6 +494,21 @@ def test_siamese_streams_start_equal_and_follow_the_authors_rule(pieces):
     assert torch.allclose(hidden[-1], ys, atol=1e-5)                            # the monitor sees y
 
 
+def test_siamese_logs_its_streams_and_counts_its_norms():
+    model = one_block("siamese")
+    model.set_stats_tracking(True)
+    model(tokens())
+    stats = model.norm_stats()
+    assert {"step/0/post_rms", "step/0/pre_rms", "step/1/post_rms", "step/1/pre_rms"} <= set(stats)
+    assert abs(stats["step/1/post_rms"].item() - 1.0) < 0.05   # just normalized (gain 1, no bias at init)
+    plain = one_block("pre_ln")
+    # three norms per sublayer and three at the output, against Pre-LN's one and one (LayerNorm: 2d each);
+    # without x, two and two; with one stream at the output, one fewer there
+    assert model.num_params() - plain.num_params() == (3 * 2 + 3 - (2 + 1)) * 2 * D
+    assert one_block("siamese", post_stream=False).num_params() - plain.num_params() == (2 * 2 + 2 - 3) * 2 * D
+    assert one_block("siamese", output_from="pre").num_params() - plain.num_params() == (3 * 2 + 2 - 3) * 2 * D
+
+
 @pytest.mark.parametrize("keys, bad_key, valid", [
     ({"post_stream": False, "output_from": "post"}, "norm.output_from", "use sum or pre"),
     ({"post_stream": False, "depth_scale": False}, "norm.depth_scale", "read only with norm.post_stream=true"),

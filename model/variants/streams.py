@@ -197,8 +197,8 @@ class SiameseNorm(Variant):
 
     def __init__(self, cfg, j):
         super().__init__(cfg, j)
-        self.two = cfg.norm.post_stream
-        self.post_norm = make_norm(cfg) if self.two else None
+        self.has_x = cfg.norm.post_stream
+        self.post_norm = make_norm(cfg) if self.has_x else None
         self.pre_norm, self.in_norm = make_norm(cfg), make_norm(cfg)
         # the authors' code: sqrt((block index + 1) * 2), shared by both sublayers
         self.c = math.sqrt(2 * self.k) if cfg.norm.depth_scale else 1.0
@@ -206,7 +206,7 @@ class SiameseNorm(Variant):
 
     def forward(self, H, f):
         y = H[..., -1, :]
-        if not self.two:
+        if not self.has_x:
             return (y + f(self.in_norm(self.pre_norm(y)))).unsqueeze(-2)
         x = self.post_norm(H[..., 0, :])
         z = f(self.in_norm(x + self.pre_norm(y)))
