@@ -83,9 +83,10 @@ def test_the_report_decides_the_declared_families_in_bits_per_byte(env, tmp_path
     assert geo["verdict"] == "gpt2.geonorm-normin ahead" and geo["holm"] == pytest.approx(2 * geo["paired"].p)
     assert peri["verdict"] == "undecided" or peri["verdict"].startswith("equivalent")
     part_of = [r16.compare(cells["gpt2.geonorm-normin"], cells["gpt2.pre_ln"], DOCS)]
-    r16.family(part_of, declared=2)       # one of a family of two in: no verdict, and the bound it will meet
+    r16.family(part_of, declared=2)       # one of a family of two in: ahead whatever the other gives (p to 2p)
+    p = part_of[0]["paired"].p
     assert part_of[0]["holm"] is None and part_of[0]["verdict"] == (
-        f"pending: 1 of 2 comparisons in (Holm p at most {min(1.0, 2 * part_of[0]['paired'].p):.2g})")
+        f"gpt2.geonorm-normin ahead (Holm p {p:.2g} to {2 * p:.2g} whatever the other 1 give)")
     assert geo["se_val"] > 0 and geo["pct"] == pytest.approx(100 * geo["paired"].mean / (
         sum(cells["gpt2.pre_ln"].test.values()) / 4), rel=1e-9)
     r16.report(study, runner.args.runs_root, tmp_path / "docs", "horizon16")
@@ -193,3 +194,28 @@ def test_test_runs_are_at_the_primary_horizons_choice_only(env, monkeypatch, tmp
     r16.report(study, runner.args.runs_root, tmp_path / "docs", "horizon16")
     assert "### 4 tokens per parameter (secondary reading, at the settings chosen at 16)" in (
         tmp_path / "docs" / "horizon16" / "tables.md").read_text()
+
+
+def test_an_incomplete_family_settles_what_no_missing_p_can_change():
+    """Four of a declared ten in: a comparison whose Holm p stays under 0.05 with every missing p at 1 is ahead; one
+    whose Holm p is over 0.05 even with every missing p at 0 (a larger p of the family ranks after it, so its
+    multiplier is at least 2) and whose TOST cannot pass is undecided; one the missing can still move is pending;
+    one whose TOST passes whatever the rest give is equivalent."""
+    from studies.horizon16 import report as r16
+
+    def comp(name, p, p_equiv, mean):
+        return {"a": SimpleNamespace(name=name), "b": SimpleNamespace(name="pre_ln"),
+                "paired": SimpleNamespace(p=p, p_equiv={r16.BPB_MARGIN: p_equiv}, mean=mean)}
+
+    comps = [comp("siamese", 0.00053, 0.9, -0.17), comp("attnres", 0.041, 0.9, 0.10),
+             comp("attnres-b4", 0.051, 0.9, -0.10), comp("frac", 0.013, 0.9, -0.15)]
+    r16.family(comps, declared=10)
+    verdicts = [c["verdict"] for c in comps]
+    assert verdicts[0] == "siamese ahead (Holm p 0.0021 to 0.0053 whatever the other 6 give)"
+    assert verdicts[1] == "undecided (Holm p 0.082 to 0.33 whatever the other 6 give)"
+    assert verdicts[2] == "undecided (Holm p 0.082 to 0.36 whatever the other 6 give)"
+    assert verdicts[3] == "pending: 4 of 10 comparisons in (Holm p 0.039 to 0.12 whatever the other 6 give)"
+    same = [comp("a", 0.9, 0.001, 0.001), comp("b", 0.8, 0.04, 0.001)]
+    r16.family(same, declared=3)
+    assert same[0]["verdict"].startswith(f"equivalent within ±{r16.BPB_MARGIN:g} (TOST Holm p at most 0.003;")
+    assert same[1]["verdict"].startswith("pending")   # its TOST p 0.04 times up to 2 may pass 0.05, or may not

@@ -94,15 +94,34 @@ def compare(a: Cell, b: Cell, doc_bytes: list | None) -> dict:
 
 
 def family(comps: list, declared: int | None = None) -> None:
-    """Holm over the family, for the difference test and for the TOST at the margin; the verdict words. A family
-    with fewer comparisons in than `declared` gives no verdict yet: Holm over a part of it would be too lenient,
-    so each comparison says how many are in and the bound m * p it will at most be held to."""
+    """Holm over the family, for the difference test and for the TOST at the margin; the verdict words.
+
+    A family with fewer comparisons in than `declared` is held to Holm over all of them: each comparison's Holm p
+    lies between its value with every missing p at 0 and with every missing p at 1 (a Holm p never falls when
+    another p rises). Where those bounds settle it (ahead whatever the rest give, or neither ahead nor
+    equivalent whatever they give) the verdict says so; otherwise it is pending, with the bounds."""
     if declared is not None and len(comps) < declared:
-        for c in comps:
-            p = c["paired"].p
+        missing = declared - len(comps)
+
+        def bounds(ps):   # (Holm p with every missing p at 0, with every missing p at 1), per comparison in
+            return list(zip(holm(ps + [0.0] * missing), holm(ps + [1.0] * missing)))
+
+        diff = bounds([c["paired"].p for c in comps])
+        equiv = bounds([c["paired"].p_equiv.get(BPB_MARGIN) for c in comps])
+        for c, (lo, hi), (elo, ehi) in zip(comps, diff, equiv):
             c["holm"] = c["holm_equiv"] = None
-            c["verdict"] = (f"pending: {len(comps)} of {declared} comparisons in"
-                            + (f" (Holm p at most {min(1.0, declared * p):.2g})" if p is not None else ""))
+            if lo is None:
+                c["verdict"] = "not tested (fewer than 2 paired seeds)"
+                continue
+            span = f"Holm p {lo:.2g} to {hi:.2g} whatever the other {missing} give"
+            if hi < ALPHA:
+                c["verdict"] = f"{c['a'].name if c['paired'].mean < 0 else c['b'].name} ahead ({span})"
+            elif lo >= ALPHA and ehi is not None and ehi < ALPHA:
+                c["verdict"] = f"equivalent within ±{BPB_MARGIN:g} (TOST Holm p at most {ehi:.2g}; {span})"
+            elif lo >= ALPHA and (elo is None or elo >= ALPHA):
+                c["verdict"] = f"undecided ({span})"
+            else:
+                c["verdict"] = f"pending: {len(comps)} of {declared} comparisons in ({span})"
         return
     pd = holm([c["paired"].p for c in comps])
     pe = holm([c["paired"].p_equiv.get(BPB_MARGIN) for c in comps])
