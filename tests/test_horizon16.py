@@ -3,6 +3,7 @@ the validation set's own standard error from per-document nats, the multiplier's
 checkout reading the published rows (per-document nats included)."""
 import json
 import math
+import random
 from types import SimpleNamespace
 
 import pytest
@@ -215,6 +216,12 @@ def test_an_incomplete_family_settles_what_no_missing_p_can_change():
     assert verdicts[1] == "undecided (Holm p 0.082 to 0.33 whatever the other 6 give)"
     assert verdicts[2] == "undecided (Holm p 0.082 to 0.36 whatever the other 6 give)"
     assert verdicts[3] == "pending: 4 of 10 comparisons in (Holm p 0.039 to 0.12 whatever the other 6 give)"
+    # what the bounds rest on: raising any p of a family never lowers another's Holm p
+    rng = random.Random(0)
+    for _ in range(200):
+        ps = [rng.random() ** 3 for _ in range(6)]
+        raised = [p if i else min(1.0, p + rng.random() / 4) for i, p in enumerate(ps)]
+        assert all(b >= a for a, b in zip(r16.holm(ps)[1:], r16.holm(raised)[1:]))
     same = [comp("a", 0.9, 0.001, 0.001), comp("b", 0.8, 0.04, 0.001)]
     r16.family(same, declared=3)
     assert same[0]["verdict"].startswith(f"equivalent within ±{r16.BPB_MARGIN:g} (TOST Holm p at most 0.003;")
