@@ -98,43 +98,32 @@ def family(comps: list, declared: int | None = None) -> None:
 
     A family with fewer comparisons in than `declared` is held to Holm over all of them: each comparison's Holm p
     lies between its value with every missing p at 0 and with every missing p at 1 (a Holm p never falls when
-    another p rises). Where those bounds settle it (ahead whatever the rest give, or neither ahead nor
-    equivalent whatever they give) the verdict says so; otherwise it is pending, with the bounds."""
-    if declared is not None and len(comps) < declared:
-        missing = declared - len(comps)
+    another p rises; complete, the two are equal). Where those bounds settle it (ahead whatever the rest give, or
+    neither ahead nor equivalent whatever they give) the verdict says so, with the bounds; otherwise it is pending."""
+    missing = max(0, (declared or 0) - len(comps))
 
-        def bounds(ps):   # (Holm p with every missing p at 0, with every missing p at 1), per comparison in
-            return list(zip(holm(ps + [0.0] * missing), holm(ps + [1.0] * missing)))
+    def bounds(ps):   # (Holm p with every missing p at 0, with every missing p at 1), per comparison in
+        return list(zip(holm(ps + [0.0] * missing), holm(ps + [1.0] * missing)))
 
-        diff = bounds([c["paired"].p for c in comps])
-        equiv = bounds([c["paired"].p_equiv.get(BPB_MARGIN) for c in comps])
-        for c, (lo, hi), (elo, ehi) in zip(comps, diff, equiv):
-            c["holm"] = c["holm_equiv"] = None
-            if lo is None:
-                c["verdict"] = "not tested (fewer than 2 paired seeds)"
-                continue
-            span = f"Holm p {lo:.2g} to {hi:.2g} whatever the other {missing} give"
-            if hi < ALPHA:
-                c["verdict"] = f"{c['a'].name if c['paired'].mean < 0 else c['b'].name} ahead ({span})"
-            elif lo >= ALPHA and ehi is not None and ehi < ALPHA:
-                c["verdict"] = f"equivalent within ±{BPB_MARGIN:g} (TOST Holm p at most {ehi:.2g}; {span})"
-            elif lo >= ALPHA and (elo is None or elo >= ALPHA):
-                c["verdict"] = f"undecided ({span})"
-            else:
-                c["verdict"] = f"pending: {len(comps)} of {declared} comparisons in ({span})"
-        return
-    pd = holm([c["paired"].p for c in comps])
-    pe = holm([c["paired"].p_equiv.get(BPB_MARGIN) for c in comps])
-    for c, d, e in zip(comps, pd, pe):
-        c["holm"], c["holm_equiv"] = d, e
-        if d is None:
+    diff = bounds([c["paired"].p for c in comps])
+    equiv = bounds([c["paired"].p_equiv.get(BPB_MARGIN) for c in comps])
+    for c, (lo, hi), (elo, ehi) in zip(comps, diff, equiv):
+        c["holm"], c["holm_equiv"] = (None, None) if missing else (hi, ehi)   # a part of a family has no Holm p
+        if lo is None:
             c["verdict"] = "not tested (fewer than 2 paired seeds)"
-        elif d < ALPHA:
+            continue
+        span = f"Holm p {lo:.2g} to {hi:.2g} whatever the other {missing} give"
+        if hi < ALPHA:
             c["verdict"] = f"{c['a'].name if c['paired'].mean < 0 else c['b'].name} ahead"
-        elif e is not None and e < ALPHA:
+        elif lo >= ALPHA and ehi is not None and ehi < ALPHA:
             c["verdict"] = f"equivalent within ±{BPB_MARGIN:g}"
-        else:
+            span = f"TOST Holm p at most {ehi:.2g}; {span}"
+        elif lo >= ALPHA and (elo is None or elo >= ALPHA):
             c["verdict"] = "undecided"
+        else:   # only while comparisons are missing: they can still move it across 0.05
+            c["verdict"] = f"pending: {len(comps)} of {declared} comparisons in"
+        if missing:
+            c["verdict"] += f" ({span})"
 
 
 def _f(x, spec="+.4f") -> str:
